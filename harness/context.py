@@ -1,0 +1,78 @@
+"""The per-rank context a test body receives as `ctx`."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# In thread mode every rank shares torch's global RNG; seeded sections take turns through this lock.
+_RNG_LOCK = threading.RLock()
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+    mode: str  # pool | spawn | thread | external
+    group: Any = None  # the process group of this test's ranks; None means the default group
+    _records: list = field(default_factory=list, repr=False)
+    _meshes: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def is_threaded(self) -> bool:
+        return self.mode == "thread"
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def mesh(self, shape: int | tuple[int, ...] | None = None, names: tuple[str, ...] | None = None):
+        """A device mesh over this test's ranks (cached: sub-groups are built once per rank process)."""
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+        shape = (self.world_size,) if shape is None else (shape,) if isinstance(shape, int) else tuple(shape)
+        key = (shape, tuple(names) if names else None)
+        if key not in self._meshes:
+            if self.group is None:
+                self._meshes[key] = init_device_mesh(self.device.type, shape, mesh_dim_names=key[1])
+            else:
+                ranks = torch.tensor(dist.get_process_group_ranks(self.group)).reshape(shape)
+                self._meshes[key] = DeviceMesh(self.device.type, ranks, mesh_dim_names=key[1])
+        return self._meshes[key]
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int):
+        """Run a block with torch's RNG seeded to `seed`: identical on every rank, in every mode.
+
+        In thread mode the RNG is global to the process, so blocks take turns (no collectives inside).
+        """
+        with _RNG_LOCK, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def assert_equal_across_ranks(self, value: Any, what: str = "value") -> None:
+        """Fail on every rank (not only on the odd one out) unless `value` is the same on all ranks."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+        values = self.all_gather_object(value)
+        first = values[0]
+        same = [torch.equal(v, first) if isinstance(first, torch.Tensor) else v == first for v in values]
+        if not all(same):
+            detail = "\n".join(f"  rank {r}: {v!r}" for r, v in enumerate(values))
+            raise AssertionError(f"{what} differs across ranks:\n{detail}")
+
+    def record(self, key: str, value: Any) -> None:
+        """Hand structured data (measured errors, counts) back to the parent's pytest item."""
+        self._records.append((key, value))

@@ -1,0 +1,76 @@
+"""External mode: ranks started by torchrun or srun, each running the same pytest session.
+
+Every rank runs the same tests in the same order. For a test at world size W the first W ranks run
+the body (on a sub-group when W is smaller than the launched world), then all ranks exchange their
+results over a separate gloo control group so that the verdict is the same everywhere; only rank 0
+reports it (the other ranks' terminals stay quiet, see the plugin).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from harness.backends import device_for
+from harness.context import RankContext
+from harness.task import RankResult, Task, execute, reset_process_state
+
+
+@dataclass
+class LaunchEnv:
+    launcher: str  # torchrun | srun
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def detect() -> LaunchEnv | None:
+    """torchrun is recognised from its variables; srun only when SHARDCHECK_LAUNCHER=srun says so
+    (SLURM variables are also set inside a plain batch allocation)."""
+    env = os.environ
+    if env.get("SHARDCHECK_LAUNCHER", "") == "srun" and "SLURM_PROCID" in env:
+        return LaunchEnv("srun", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]),
+                         int(env.get("SLURM_LOCALID", 0)))
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchEnv("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]),
+                         int(env.get("LOCAL_RANK", 0)))
+    return None
+
+
+class ExternalWorld:
+    def __init__(self, launch: LaunchEnv, backend: str, timeout_s: float):
+        self.launch, self.backend = launch, backend
+        if launch.launcher == "srun":
+            os.environ.setdefault("RANK", str(launch.rank))
+            os.environ.setdefault("WORLD_SIZE", str(launch.world_size))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        self.control = dist.new_group(backend="gloo", timeout=timeout)
+        self.groups: dict[int, object] = {}
+        self.meshes: dict = {}
+
+    def _group(self, world_size: int):
+        if world_size == self.launch.world_size:
+            return None
+        if world_size not in self.groups:  # every rank must create every group, in the same order
+            self.groups[world_size] = dist.new_group(list(range(world_size)))
+        return self.groups[world_size]
+
+    def run(self, task: Task, world_size: int) -> list[RankResult]:
+        rank = self.launch.rank
+        group = self._group(world_size)
+        if rank < world_size:
+            reset_process_state(task.seed)
+            ctx = RankContext(rank=rank, world_size=world_size, backend=self.backend,
+                              device=device_for(self.backend, self.launch.local_rank), mode="external",
+                              group=group, _meshes=self.meshes.setdefault(world_size, {}))
+            mine = execute(task, ctx)
+        else:
+            mine = RankResult(rank, "passed", "idle: outside this test's world")
+        everyone: list = [None] * self.launch.world_size
+        dist.all_gather_object(everyone, mine, group=self.control)
+        return everyone[:world_size]

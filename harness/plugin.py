@@ -1,0 +1,228 @@
+"""The pytest plugin (entry point `pytest11: shardcheck`): turns `@distributed` tests into N-rank runs.
+
+- `pytest_generate_tests` makes one item per world size (`[ws2]`, `[ws4]`, ...).
+- `pytest_runtest_setup` decides in the parent what can be decided before any rank starts: bad input
+  is one error line, a backend or device count this machine lacks is a skip with the reason.
+- `pytest_pyfunc_call` ships the item's parameters to the ranks, runs the body there and turns the
+  ranks' verdict into the item's outcome; records from the ranks land in `item.user_properties`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+import pytest
+
+from harness import backends, runner
+from harness.external import detect
+from harness.task import Task
+from harness.verdict import Verdict
+
+MARKER = "distributed"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("shardcheck", "shardcheck harness: running test bodies on N ranks")
+    group.addoption("--backend", default=os.environ.get("SHARDCHECK_BACKEND", "gloo"),
+                    help="gloo (CPU processes), nccl (CUDA processes) or threaded (ranks as threads); "
+                         "a comma-separated list runs every test once per backend. "
+                         "Default: $SHARDCHECK_BACKEND or gloo.")
+    group.addoption("--launch", default=os.environ.get("SHARDCHECK_LAUNCH", "pool"),
+                    choices=backends.LAUNCHES,
+                    help="pool: persistent rank processes reused across tests (default); "
+                         "spawn: fresh processes for every test.")
+    group.addoption("--rank-timeout", type=float, default=300.0,
+                    help="per-test deadline in seconds when neither @distributed(timeout=) nor "
+                         "pytest-timeout gives one (default 300).")
+    group.addoption("--world-sizes", default=None,
+                    help="comma-separated world sizes to keep, e.g. 2,4 (others are deselected).")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"{MARKER}(world_size=2, backend=None, timeout=None): run the test body on "
+                   "world_size ranks (an int or a list: one item per size); the body takes `ctx`.")
+    try:
+        config._shardcheck_backends = [backends.check_backend(b.strip())
+                                       for b in config.getoption("backend").split(",")]
+        sizes = config.getoption("world_sizes")
+        config._shardcheck_sizes = (
+            {backends.check_world_size(int(s)) for s in sizes.split(",")} if sizes else None)
+    except (backends.HarnessUsageError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config._shardcheck_launch_env = detect()
+    config._shardcheck_main_pid = os.getpid()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    launch = session.config._shardcheck_launch_env
+    if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
+        reporter = session.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            session.config.pluginmanager.unregister(reporter)
+
+
+def pytest_report_header(config):
+    launch = config._shardcheck_launch_env
+    where = f"{launch.launcher} rank {launch.rank}/{launch.world_size}" if launch else config.getoption("launch")
+    return f"shardcheck harness: backend={','.join(config._shardcheck_backends)} launch={where}"
+
+
+@pytest.fixture
+def world_size(request):
+    """The number of ranks of a `@distributed` test (parametrized by the plugin)."""
+    return getattr(request, "param", None)
+
+
+@pytest.fixture
+def shardcheck_backend(request):
+    """The backend of a `@distributed` test, when several were asked for (parametrized)."""
+    return getattr(request, "param", None)
+
+
+@pytest.fixture
+def ctx(world_size, shardcheck_backend):
+    """Placeholder in the parent; on each rank the body receives the real `harness.RankContext`."""
+    return None
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    sizes = marker.kwargs.get("world_size", marker.args[0] if marker.args else 2)
+    sizes = list(sizes) if isinstance(sizes, (list, tuple)) else [sizes]
+    names = _backends_for(marker, metafunc.config)
+    for name in ("world_size", "shardcheck_backend"):
+        if name not in metafunc.fixturenames:
+            metafunc.fixturenames.append(name)
+    if len(names) == 1:
+        metafunc.parametrize("world_size", sizes, ids=[f"ws{s}" for s in sizes])
+    else:
+        pairs = [(s, b) for b in names for s in sizes]
+        metafunc.parametrize(("world_size", "shardcheck_backend"), pairs,
+                             ids=[f"ws{s}-{b}" for s, b in pairs])
+
+
+def pytest_collection_modifyitems(config, items):
+    keep = config._shardcheck_sizes
+    if keep is None:
+        return
+    selected, deselected = [], []
+    for item in items:
+        ws = _world_size(item)
+        (deselected if ws is not None and ws not in keep else selected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+def _world_size(item):
+    if item.get_closest_marker(MARKER) is None:
+        return None
+    return getattr(item, "callspec", None) and item.callspec.params.get("world_size")
+
+
+def _backends_for(marker, config) -> list[str]:
+    fixed = marker.kwargs.get("backend")
+    if fixed:
+        return [fixed] if isinstance(fixed, str) else list(fixed)
+    return config._shardcheck_backends
+
+
+def _backend(item) -> str:
+    chosen = item.callspec.params.get("shardcheck_backend")
+    return chosen or _backends_for(item.get_closest_marker(MARKER), item.config)[0]
+
+
+def _deadline(item) -> float:
+    """Our deadline fires a little before pytest-timeout's, so a hang comes back with stacks."""
+    own = item.get_closest_marker(MARKER).kwargs.get("timeout")
+    if own:
+        return float(own)
+    marker = item.get_closest_marker("timeout")
+    outer = None
+    if marker is not None:
+        outer = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+    elif item.config.pluginmanager.hasplugin("timeout"):
+        outer = item.config.getoption("timeout", None)
+    if outer:
+        outer = float(outer)
+        return max(0.1, min(outer * 0.9, outer - 1.0))
+    return item.config.getoption("rank_timeout")
+
+
+def pytest_runtest_setup(item):
+    ws = _world_size(item)
+    if item.get_closest_marker(MARKER) is None:
+        return
+    problem = None
+    try:
+        backend = backends.check_backend(_backend(item))
+        backends.check_world_size(ws)
+    except backends.HarnessUsageError as exc:
+        problem = str(exc)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    if "ctx" not in item.fixturenames:
+        pytest.fail(f"{item.name}: a @distributed test body must take `ctx` as an argument", pytrace=False)
+    reason = backends.skip_reason(backend, ws)
+    if reason:
+        pytest.skip(reason)
+    launch = item.config._shardcheck_launch_env
+    if launch is not None and ws > launch.world_size:
+        pytest.skip(f"needs world size {ws}; the launcher started {launch.world_size} ranks")
+
+
+def _unpicklable(kwargs):
+    for name, value in kwargs.items():
+        try:
+            pickle.dumps(value)
+        except Exception as exc:
+            yield name, exc
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    if pyfuncitem.get_closest_marker(MARKER) is None:
+        return None
+    ws, backend = _world_size(pyfuncitem), _backend(pyfuncitem)
+    names = [n for n in pyfuncitem._fixtureinfo.argnames
+             if n not in ("ctx", "request", "shardcheck_backend")]
+    kwargs = {n: pyfuncitem.funcargs[n] for n in names if n in pyfuncitem.funcargs}
+    unshippable = [f"{name!r} ({exc})" for name, exc in _unpicklable(kwargs)]
+    if unshippable:
+        pytest.fail(f"argument {', '.join(unshippable)} cannot be shipped to the ranks; use picklable "
+                    f"parameters, or build the object inside the test body", pytrace=False)
+    task = Task(test_id=pyfuncitem.nodeid, module=pyfuncitem.module.__name__,
+                file=getattr(pyfuncitem.module, "__file__", None),
+                qualname=pyfuncitem.function.__qualname__, kwargs=kwargs, sys_path=list(sys.path))
+    launch = pyfuncitem.config._shardcheck_launch_env
+    mode = ("external" if launch else "thread" if backend == "threaded"
+            else pyfuncitem.config.getoption("launch"))
+    try:
+        verdict = runner.run_task(task, ws, backend, mode, _deadline(pyfuncitem))
+    except backends.HarnessUsageError as exc:
+        verdict = Verdict("failed", str(exc), [])
+    for key, per_rank in verdict.records():
+        pyfuncitem.user_properties.append((key, per_rank))
+    if verdict.results:
+        pyfuncitem.user_properties.append(
+            ("rank_outcomes", {r.rank: r.outcome for r in verdict.results}))
+    if verdict.outcome == "failed":
+        pytest.fail(verdict.message, pytrace=False)
+    if verdict.outcome == "skipped":
+        pytest.skip(verdict.message)
+    return True
+
+
+def pytest_runtest_teardown(item):
+    if os.getpid() != item.config._shardcheck_main_pid:  # pytest-forked child: its pools die with it
+        runner.shutdown_pools()
+
+
+def pytest_unconfigure(config):
+    runner.shutdown_pools()

@@ -1,0 +1,106 @@
+"""Run one test body on N ranks, in whichever mode was chosen, and return the verdict.
+
+This is the harness's single entry point; the pytest plugin and the benchmark both call `run`.
+Pools are kept per (world size, backend) for the life of the process and replaced after any failure.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Callable
+
+from harness import backends
+from harness.pool import PoolStartError, RankPool
+from harness.task import RankResult, Task
+from harness.verdict import Verdict, decide
+
+MODES = ("pool", "spawn", "thread", "external")
+MAX_LIVE_POOLS = 4
+
+_pools: dict[tuple[int, str], RankPool] = {}
+_pools_pid = os.getpid()
+_external = None
+
+
+def _pool(world_size: int, backend: str) -> RankPool:
+    global _pools, _pools_pid
+    if _pools_pid != os.getpid():  # forked (pytest-forked): the inherited pools belong to the parent
+        _pools, _pools_pid = {}, os.getpid()
+    key = (world_size, backend)
+    pool = _pools.get(key)
+    if pool is not None and not pool.usable:
+        pool.kill()
+        pool = None
+    if pool is None:
+        while len(_pools) >= MAX_LIVE_POOLS:  # on 2 cores, idle pools cost memory, not time
+            _pools.pop(next(iter(_pools))).shutdown()
+        _pools.pop(key, None)
+        pool = _pools[key] = RankPool(world_size, backend, method=backends.start_method(backend))
+    else:
+        _pools[key] = _pools.pop(key)  # most recently used last
+    return pool
+
+
+def shutdown_pools() -> None:
+    if _pools_pid != os.getpid():
+        return
+    while _pools:
+        _pools.popitem()[1].shutdown()
+
+
+atexit.register(shutdown_pools)
+
+
+def external_world(launch, backend: str, timeout_s: float):
+    global _external
+    if _external is None:
+        from harness.external import ExternalWorld
+
+        _external = ExternalWorld(launch, backend, timeout_s)
+    return _external
+
+
+def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "pool",
+             timeout: float = 300.0) -> Verdict:
+    backends.check_backend(backend)
+    backends.check_world_size(world_size)
+    if mode not in MODES:
+        raise backends.HarnessUsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
+    if (mode == "thread") != (backend == "threaded"):
+        raise backends.HarnessUsageError(
+            f"mode {mode!r} does not go with backend {backend!r}: thread mode is the 'threaded' backend")
+    reason = backends.skip_reason(backend, world_size)
+    if reason:
+        return Verdict("skipped", reason, [])
+    if mode == "thread":
+        from harness.threads import run_threads
+
+        return decide(run_threads(task, world_size, timeout))
+    if mode == "external":
+        from harness.external import detect
+
+        launch = detect()
+        if launch is None:
+            raise backends.HarnessUsageError("external mode needs ranks started by torchrun or srun")
+        if world_size > launch.world_size:
+            return Verdict("skipped", f"needs world size {world_size}; the launcher started "
+                                      f"{launch.world_size} ranks", [])
+        return decide(external_world(launch, backend, timeout).run(task, world_size))
+    try:
+        if mode == "spawn":
+            pool = RankPool(world_size, backend, method="spawn", mode="spawn")
+            try:
+                return decide(pool.run(task, timeout))
+            finally:
+                pool.shutdown()
+        return decide(_pool(world_size, backend).run(task, timeout))
+    except PoolStartError as exc:
+        return decide([RankResult(0, "failed", f"could not start the ranks: {exc}")])
+
+
+def run(fn: Callable, world_size: int, backend: str = "gloo", mode: str | None = None,
+        timeout: float = 300.0, **kwargs) -> Verdict:
+    """Run `fn(ctx, **kwargs)` on `world_size` ranks outside pytest. `fn` must be importable."""
+    mode = mode or ("thread" if backend == "threaded" else "pool")
+    return run_task(Task.for_callable(fn, kwargs), world_size, backend, mode, timeout)

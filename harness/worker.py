@@ -1,0 +1,82 @@
+"""The main loop of one rank process (pool and spawn modes).
+
+A rank joins the process group once, then runs tasks sent by the parent until told to stop. It never
+outlives the parent: the kernel kills it when its parent dies (PR_SET_PDEATHSIG) and a watchdog
+thread exits it if the owning pytest process disappears (covers forkserver, whose parent is not pytest).
+SIGUSR1 makes it write every thread's Python stack to its stack file (used when a test hangs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(owner_pid: int) -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the watchdog below still applies
+
+    def watchdog():
+        while True:
+            try:
+                os.kill(owner_pid, 0)
+            except ProcessLookupError:
+                os._exit(70)
+            time.sleep(0.5)
+
+    threading.Thread(target=watchdog, name="shardcheck-watchdog", daemon=True).start()
+
+
+def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, owner_pid: int,
+              stack_path: str, pg_timeout_s: float, mode: str = "pool") -> None:
+    _die_with(owner_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    stack_file = open(stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    import torch
+    import torch.distributed as dist
+
+    from harness.backends import device_for
+    from harness.context import RankContext
+    from harness.task import execute, reset_process_state
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    device = device_for(backend, rank)
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=pg_timeout_s), **kwargs)
+    conn.send(("ready", rank))
+    meshes: dict = {}  # sub-groups live as long as the process: built once, reused by every test
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            break
+        if task is None:
+            break
+        reset_process_state(task.seed)
+        ctx = RankContext(rank=rank, world_size=world_size, backend=backend, device=device,
+                          mode=mode, _meshes=meshes)
+        dist.barrier()  # every rank is alive and between tests before the body starts
+        conn.send(execute(task, ctx))
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        dist.destroy_process_group()
+    finally:
+        os._exit(0)

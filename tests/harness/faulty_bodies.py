@@ -1,0 +1,105 @@
+"""Test bodies with injected faults, run by test_faults.py in a child pytest session.
+
+Each name says the fault; test_faults.py asserts the outcome and message that each must produce.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import distributed
+
+
+@distributed(world_size=2)
+def test_rank1_os_exit_after_last_collective(ctx):
+    dist.barrier()
+    if ctx.rank == 1:
+        os._exit(3)
+
+
+@distributed(world_size=2)
+def test_rank1_sys_exit_after_last_collective(ctx):
+    dist.barrier()
+    if ctx.rank == 1:
+        raise SystemExit(4)
+
+
+@distributed(world_size=3)
+def test_exception_on_one_rank(ctx):
+    if ctx.rank == 1:
+        raise ValueError("injected failure on rank 1")
+    dist.barrier()  # the others block here until the harness stops them
+
+
+@distributed(world_size=2)
+@pytest.mark.parametrize("sig", ["SIGSEGV", "SIGKILL"])
+def test_rank_dies_by_signal(ctx, sig):
+    dist.barrier()
+    if ctx.rank == 1:
+        os.kill(os.getpid(), getattr(signal, sig))
+    dist.barrier()
+
+
+@distributed(world_size=2, timeout=3)
+def test_hang_in_collective(ctx):
+    if ctx.rank == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins
+
+
+@distributed(world_size=2)
+@pytest.mark.timeout(4)
+def test_hang_sleeping_rank_with_timeout_marker(ctx):
+    if ctx.rank == 1:
+        time.sleep(600)
+    dist.barrier()
+
+
+@distributed(world_size=2)
+def test_next_test_runs_clean(ctx):
+    t = torch.full((1,), float(ctx.rank))
+    dist.all_reduce(t)
+    assert t.item() == 1.0
+
+
+@distributed(world_size=2)
+@pytest.mark.parametrize("cell", [1, 2, 3])
+def test_matrix_one_bad_cell(ctx, cell):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert cell != 2 or ctx.rank != 0, "cell 2 is broken on rank 0"
+
+
+@distributed(world_size=0)
+def test_world_size_zero(ctx):
+    pass
+
+
+@distributed(world_size=2, backend="bogus")
+def test_unknown_backend(ctx):
+    pass
+
+
+@distributed(world_size=2, backend="nccl")
+def test_nccl_without_gpus(ctx):
+    pass
+
+
+@distributed(world_size=2)
+def test_skip_raised_on_ranks(ctx):
+    pytest.skip("not on this rank's hardware")
+
+
+@distributed(world_size=2)
+def test_records_reach_the_parent(ctx):
+    ctx.record("max_abs_err", 0.5 * ctx.rank)
+    ctx.assert_equal_across_ranks(torch.ones(2), "ones")
+    assert ctx.all_gather_object(ctx.rank) == [0, 1]
+
+
+@distributed(world_size=2)
+def test_assert_equal_across_ranks_fails_on_every_rank(ctx):
+    ctx.assert_equal_across_ranks(ctx.rank, "rank number")
