@@ -14,12 +14,13 @@ class Verdict:
     message: str
     results: list[RankResult]
 
-    def records(self) -> list[tuple[str, dict[int, Any]]]:
-        """Records merged across ranks: (key, {rank: value}) in first-seen key order."""
-        merged: dict[str, dict[int, Any]] = {}
+    def records(self) -> list[tuple[str, dict[int, list[Any]]]]:
+        """Records merged across ranks: (key, {rank: [values in recording order]}), keys in
+        first-seen order."""
+        merged: dict[str, dict[int, list]] = {}
         for res in self.results:
             for key, value in res.records:
-                merged.setdefault(key, {})[res.rank] = value
+                merged.setdefault(key, {}).setdefault(res.rank, []).append(value)
         return list(merged.items())
 
 

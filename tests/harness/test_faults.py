@@ -180,7 +180,7 @@ def test_records_reach_the_pytest_item(pool_run, thread_run):
     for run in (pool_run, thread_run):
         rec = outcome(run, "test_records_reach_the_parent[ws2]")
         assert rec["outcome"] == "passed"
-        assert rec["props"]["max_abs_err"] == {"0": 0.0, "1": 0.5}
+        assert rec["props"]["max_abs_err"] == {"0": [0.0], "1": [0.5]}
 
 
 def test_assert_equal_across_ranks_fails_on_every_rank(pool_run):
