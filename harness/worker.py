@@ -51,7 +51,10 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     from harness.context import RankContext
     from harness.task import execute, reset_process_state
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    # One intra-op thread per rank: ranks already share the cores, and a forked child must never
+    # enter an OpenMP parallel region whose thread pool the parent created (libgomp is not fork-safe:
+    # the child deadlocks, seen as a rank stuck in layer_norm after thread-mode tests ran in the parent).
+    torch.set_num_threads(1)
     device = device_for(backend, rank)
     kwargs = {}
     if backend == "nccl":

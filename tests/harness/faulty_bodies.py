@@ -103,3 +103,12 @@ def test_records_reach_the_parent(ctx):
 @distributed(world_size=2)
 def test_assert_equal_across_ranks_fails_on_every_rank(ctx):
     ctx.assert_equal_across_ranks(ctx.rank, "rank number")
+
+
+@distributed(world_size=1, backend=["threaded", "gloo"], timeout=60)
+def test_parallel_ops_in_a_pool_forked_after_thread_mode(ctx):
+    # thread mode runs intra-op parallel (OpenMP) kernels in the pytest process; a pool forked
+    # afterwards must still run them (libgomp is not fork-safe)
+    x = torch.randn(512, 4096)
+    torch.nn.functional.layer_norm(x, (4096,)).sum().item()
+    (x @ x.T).sum().item()

@@ -201,3 +201,10 @@ def test_works_under_pytest_forked(tmp_path):
                                     "exception_on_one_rank or next_test_runs_clean")
     assert records["test_exception_on_one_rank[ws3]"]["text"].startswith("rank 1: ValueError"), out
     assert records["test_next_test_runs_clean[ws2]"]["outcome"] == "passed", out[-2000:]
+
+
+def test_pool_forked_after_thread_mode_runs_parallel_kernels(tmp_path):
+    _, out, records = child_session(tmp_path, "-k", "parallel_ops_in_a_pool")
+    for backend in ("threaded", "gloo"):
+        rec = records[f"test_parallel_ops_in_a_pool_forked_after_thread_mode[ws1-{backend}]"]
+        assert rec["outcome"] == "passed", rec["text"][-2000:]

@@ -1,0 +1,56 @@
+"""Adapters shipped with shardcheck, and how any adapter is found by name.
+
+`load("reference")` finds a built-in adapter or one registered by a third-party package under the
+entry-point group `shardcheck.adapters`; `load("pkg.module:attr")` imports one directly (the attribute
+may be an adapter instance, or a class / factory called with no arguments).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from conformance.adapter import Adapter
+
+BUILTIN = {
+    "reference": "conformance.adapters.reference:ReferenceAdapter",
+    "torch-fsdp2": "conformance.adapters.torch_fsdp2:TorchFSDP2Adapter",
+    "torch-fsdp1": "conformance.adapters.torch_fsdp1:TorchFSDP1Adapter",
+    "ddp": "conformance.adapters.ddp:DDPAdapter",
+}
+ENTRY_POINT_GROUP = "shardcheck.adapters"
+
+
+class UnknownAdapter(LookupError):
+    pass
+
+
+def available() -> dict[str, str]:
+    found = dict(BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def _import(target: str):
+    module_name, _, attr = target.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split(".") if attr else []:
+        obj = getattr(obj, part)
+    return obj
+
+
+def load(spec: str) -> Adapter:
+    names = available()
+    target = names.get(spec, spec if ":" in spec else None)
+    if target is None:
+        raise UnknownAdapter(f"unknown implementation {spec!r}; available: {', '.join(sorted(names))} "
+                             f"(or give pkg.module:attr)")
+    try:
+        obj = _import(target)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownAdapter(f"cannot load implementation {spec!r} from {target}: {exc}") from None
+    adapter = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Adapter)) else obj
+    if not isinstance(adapter, Adapter):
+        raise UnknownAdapter(f"{target} is not a shardcheck adapter (see conformance.adapter.Adapter)")
+    return adapter

@@ -1,0 +1,59 @@
+"""torch DistributedDataParallel: the unsharded baseline behind the adapter protocol.
+
+Every strategy is NO_SHARD in effect, so only "no_shard" is declared; parameters and (already
+all-reduced, averaged) gradients are whole on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from conformance.adapter import ShardSpec, Unsupported
+
+_PREFIX = "module."
+
+
+class DDPAdapter:
+    name = "ddp"
+    version = torch.__version__
+    capabilities = frozenset({"no_shard", "clip_grad_norm", "sharded_grad_scaler"})
+
+    def shard(self, model: nn.Module, spec: ShardSpec):
+        if {spec.strategy, *spec.unit_strategies.values()} != {"NO_SHARD"} or spec.mixed_precision or spec.offload:
+            raise Unsupported("DDP only replicates (NO_SHARD, no mixed precision, no offload)")
+        group = spec.mesh.get_group() if spec.mesh is not None else None
+        device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+        return DDP(model, device_ids=device_ids, process_group=group)
+
+    def full_params(self, model):
+        return {n.removeprefix(_PREFIX): p.detach().clone() for n, p in model.named_parameters()}
+
+    def full_grads(self, model):
+        return {n.removeprefix(_PREFIX): None if p.grad is None else p.grad.detach().clone()
+                for n, p in model.named_parameters()}
+
+    def clip_grad_norm_(self, model, max_norm, norm_type):
+        # Gradients are already all-reduced: the local norm is the global one.
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
+
+    def clip_grad_norm_unit_(self, model, path, max_norm):
+        raise Unsupported("DDP has no units")
+
+    def grad_scaler(self, device="cuda" if torch.cuda.is_available() else "cpu", process_group=None, **kwargs):
+        # Gradients are identical on every rank after DDP's all-reduce, so a plain GradScaler's
+        # found_inf is already agreed across ranks.
+        return torch.amp.GradScaler(device, **kwargs)
+
+    def register_comm_hook(self, model, state, hook, path=""):
+        raise Unsupported("DDP comm hooks have a different (bucket) signature")
+
+    def comm_hooks(self, model):
+        raise Unsupported("DDP comm hooks are not introspectable per unit")
+
+    def compression_hook(self, dtype):
+        raise Unsupported("DDP compression hooks have the bucket signature")
+
+    def local_shards(self, model):
+        raise Unsupported("DDP does not all-gather parameters")

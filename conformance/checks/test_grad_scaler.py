@@ -1,0 +1,339 @@
+"""Sharded grad scaler (seed 001: torch's test_fsdp_sharded_grad_scaler.py).
+
+* The scaler's unit checks (scale nested outputs, unscale sparse gradients, an inf gradient skips
+  the optimizer step), run through `impl.grad_scaler(...)` on the ranks with the scaler's device
+  following ctx.device. torch's ShardedGradScaler silently disables itself when its default
+  device="cuda" is unavailable (FINDINGS F3), and a disabled scaler passes some of these checks
+  vacuously: every check asserts `is_enabled()` and that the scaler actually changed something.
+* Parity with unsharded training + torch.amp.GradScaler over the seed's 16 configs
+  (offload x strategy x fp16 mixed precision x use_orig_params).
+* found_inf agreed across ranks: an inf in one rank's gradient only makes every rank skip the step
+  and back off the scale identically.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conformance.adapter import MixedPrecision, ShardSpec
+from conformance.compare import assert_close
+from conformance.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
+from harness import distributed
+
+STRATEGY_CAPS = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "no_shard"}
+
+
+def _unit_paths(model) -> tuple[str, ...]:
+    return tuple(path for path, _ in resolve_units(model) if path)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The rank's own data of a (possibly DTensor) tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _predivide_factor(ws: int) -> int:
+    """torch's DefaultState gradient pre-divide factor (FSDP1/FSDP2 average as (sum g/f) / (ws/f))."""
+    factor = 1
+    while ws % factor == 0 and ws / factor > factor:
+        factor *= 2
+    return factor
+
+
+def _average_grads_(params, ctx) -> None:
+    """The data-parallel gradient average of the unsharded reference, in each gradient's own dtype,
+    with torch's pre/post division (so that float16 sums overflow exactly when FSDP's do)."""
+    pre = _predivide_factor(ctx.world_size)
+    post = ctx.world_size / pre
+    for p in params:
+        if p.grad is not None:
+            p.grad.div_(pre)
+            dist.all_reduce(p.grad, group=ctx.group)
+            p.grad.div_(post)
+
+
+def _set_nonuniform_req_grad(model) -> None:
+    """NonUniformReqGradNWM's freezing (only `module.2.*.1.*` trains), applied like the seed after
+    sharding: names are matched with wrapper-internal path components (`_fsdp_wrapped_module`, any
+    component starting with "_") dropped, so it works through any implementation's wrappers."""
+    pattern = NonUniformReqGradNWM.REQ_GRAD_PATTERN
+    for name, p in model.named_parameters():
+        clean = ".".join(c for c in name.split(".") if not c.startswith("_"))
+        if not pattern.match(clean):
+            p.requires_grad_(False)
+
+
+def _scaler(impl, ctx, **kwargs):
+    scaler = impl.grad_scaler(device=ctx.device.type, process_group=ctx.group, **kwargs)
+    assert scaler.is_enabled(), f"{type(scaler).__name__} is disabled (device={ctx.device.type}): see FINDINGS F3"
+    return scaler
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit checks of one scaler (seed: TestShardGradScaler). The seed uses a 1-rank dummy group; here
+# every rank of a 2-rank group runs them (the step check then also exercises the found_inf sync).
+# ---------------------------------------------------------------------------------------------
+
+@distributed(world_size=2)
+@pytest.mark.requires("sharded_grad_scaler")
+def test_grad_scaling(ctx, impl):
+    scaler = _scaler(impl, ctx, init_scale=2.0)
+    t0 = torch.full((1,), 4.0, dtype=torch.float32, device=ctx.device)
+    t1 = torch.full((1,), 8.0, dtype=torch.float32, device=ctx.device)
+    outputs = scaler.scale([t1.clone(), (t0.clone(), t1.clone()), [t0.clone(), t1.clone()]])
+    assert isinstance(outputs, list) and isinstance(outputs[1], tuple) and isinstance(outputs[2], list)
+    assert outputs[0].item() == 16.0 and outputs[1][0].item() == 8.0 and outputs[1][1].item() == 16.0, outputs
+    assert outputs[2][0].item() == 8.0 and outputs[2][1].item() == 16.0, outputs
+    assert scaler._scale.device == t1.device, (scaler._scale.device, t1.device)
+
+
+@distributed(world_size=2)
+@pytest.mark.requires("sharded_grad_scaler")
+def test_scaling_unscaling_sparse(ctx, impl):
+    dev = ctx.device
+    scaler = _scaler(impl, ctx, init_scale=2.0)
+    inv_scale = torch.full((1,), 0.5, dtype=torch.float, device=dev)
+    found_inf = torch.full((1,), 0, dtype=torch.float, device=dev)
+
+    # finite sparse gradient: unscaled in place, no inf
+    i = torch.tensor([[0, 1, 1], [2, 0, 2]], device=dev, dtype=torch.int64)
+    v = torch.tensor([16.0, 32.0, 64.0], dtype=torch.float, device=dev)
+    s = torch.sparse_coo_tensor(i, v, torch.Size([2, 3]), device=dev, dtype=torch.float)
+    s1 = s.clone()
+    s1.grad = s.clone()
+    opt = torch.optim.SGD([s1], lr=1.0)
+    found_inf.zero_()
+    found = scaler._unscale_grads_(opt, inv_scale, found_inf, True)[s1.device]  # allow_fp16: positional in every GradScaler
+    assert found.item() == 0.0, found
+    assert_close(ctx, s1.grad.to_dense(), (s / 2).to_dense(), "sparse grad unscaled")
+
+    # a sparse gradient holding inf
+    v = torch.tensor([16.0, 32.0, float("inf")], dtype=torch.float, device=dev)
+    s1.grad = torch.sparse_coo_tensor(i, v, torch.Size([2, 3]), device=dev, dtype=torch.float)
+    found_inf.zero_()
+    found = scaler._unscale_grads_(opt, inv_scale, found_inf, True)[s1.device]  # allow_fp16: positional in every GradScaler
+    assert found.item() == 1.0, found
+
+    # fp16 sparse gradient whose duplicate indices overflow when coalesced (2**15 + 2**15 > 65504)
+    i = torch.tensor([[1, 1, 1], [0, 0, 2]], device=dev, dtype=torch.int64)
+    v = torch.tensor([2**15, 2**15, 1.0], dtype=torch.float16, device=dev)
+    s1 = torch.sparse_coo_tensor(i, v, torch.Size([2, 3]), device=dev, dtype=torch.float16)
+    s1.grad = s1.clone()
+    found_inf.zero_()
+    found = scaler._unscale_grads_(opt, inv_scale, found_inf, True)[s1.device]  # allow_fp16: positional in every GradScaler
+    assert found.item() == 1.0, found
+
+
+@distributed(world_size=2)
+@pytest.mark.requires("sharded_grad_scaler")
+def test_inf_gradients_skip_optim_step(ctx, impl):
+    scaler = _scaler(impl, ctx, init_scale=2.0)
+    loss = torch.full((1,), 4.0, dtype=torch.float32, device=ctx.device)
+    t0 = torch.tensor([float("inf")], dtype=torch.float32, device=ctx.device)
+    t0.grad = t0.clone()
+    opt = torch.optim.SGD([t0], lr=1.0)
+    scaled = scaler.scale(loss)
+    assert scaled.item() == 8.0, scaled  # the scaler is really scaling
+    ret_val = scaler.step(opt)
+    assert ret_val is None, ret_val
+    # Not vacuous: SGD would have turned inf into nan (inf - 1.0 * inf/2) had the step run.
+    assert t0.item() == float("inf"), t0
+    scaler.update()
+    assert scaler.get_scale() == 1.0, scaler.get_scale()  # backed off by 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity with unsharded training (seed: test_fsdp_ddp_parity_with_grad_scaler)
+# ---------------------------------------------------------------------------------------------
+# The seed loops over CUDAInitMode (CUDA_BEFORE / CUDA_AFTER, plus CUDA_NEVER with offload): where the
+# model lives before sharding. On a CPU-only machine all three are the same (the model is built on
+# ctx.device, which is the CPU), so each config is one cell; with a GPU the model is built on
+# ctx.device before sharding (CUDA_BEFORE). The seed's CUDA_AFTER + offload case expects an error
+# about parameters on cuda, which cannot happen on CPU.
+
+PARITY_CONFIGS = list(itertools.product([True, False], ["SHARD_GRAD_OP", "FULL_SHARD"], ["fp16", None], [True, False]))
+
+
+def _parity_id(cfg):
+    offload, strategy, mp, orig = cfg
+    return "-".join([f"offload_{str(offload).lower()}", strategy.lower(),
+                     "mixed_precision" if mp else "full_precision", "use_orig_params" if orig else "flat_params"])
+
+
+def _parity_caps(params):
+    caps = {"sharded_grad_scaler", "nested_units", STRATEGY_CAPS[params["strategy"]]}
+    if params["offload"]:
+        caps.add("cpu_offload")
+    if params["mp"]:
+        caps.add("mixed_precision")
+    return caps
+
+
+PARITY_STEPS = 5
+
+
+@distributed(world_size=2)
+@pytest.mark.requires.with_args(_parity_caps)
+@pytest.mark.parametrize("offload,strategy,mp,use_orig_params", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
+def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, use_orig_params):
+    """Seed: use_orig_params=True trains NonUniformReqGradNWM (some ranks own no trainable shard)
+    with init_scale 2**11; use_orig_params=False trains NestedWrappedModule with the default scale
+    2**16. SGD(lr=0.01, momentum=0.9) on `output.sum()`, per-rank inputs.
+
+    use_orig_params=False asks for FSDP1's flat parameters: the reference adapter has none and
+    ignores the flag (the cell still checks the seed's model and scaler settings); FSDP2's adapter
+    reports those cells unsupported.
+
+    fp16 reference (FINDINGS F4: CPU autocast is not CUDA autocast, and the seed's autocast
+    reference computes matmuls in fp16 but keeps fp32 gradients, which is not what
+    MixedPrecision(fp16, fp16, fp16) does): the unsharded reference runs an fp16 copy of the weights
+    (copied from fp32 master weights before every forward, as the sharded side casts its fp32 shards
+    before the all-gather), on fp16-cast inputs; its fp16 gradients are averaged in fp16 with torch's
+    pre/post division, cast to fp32 onto the master weights, which torch.amp.GradScaler unscales and
+    SGD updates. That is exactly MixedPrecision(param=reduce=buffer=fp16) semantics, so overflow
+    (found_inf -> skipped step, scale backed off) happens on the same steps on both sides.
+    """
+    mp_dtype = torch.float16 if mp == "fp16" else None
+    model_cls = NonUniformReqGradNWM if use_orig_params else NestedWrappedModule
+    init_scale = 2.0**11 if use_orig_params else 2.0**16
+    with ctx.seeded(0):
+        # freeze=False: the seed freezes NonUniformReqGradNWM after wrapping; do the same below
+        kw = {"freeze": False} if use_orig_params else {}
+        model = model_cls(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device, **kw)
+    ref = copy.deepcopy(model)
+    # The seed's MixedPrecision(param=reduce=buffer=fp16). Both models have no buffers, so buffer_dtype
+    # changes nothing; it is left None so that implementations without buffer_dtype (FSDP2) run too.
+    assert not list(model.buffers())
+    spec = ShardSpec(strategy=strategy, units=_unit_paths(model), offload=offload, use_orig_params=use_orig_params,
+                     mixed_precision=MixedPrecision(mp_dtype, mp_dtype) if mp_dtype else None)
+    model = impl.shard(model, spec)
+    if use_orig_params:
+        _set_nonuniform_req_grad(model)
+        _set_nonuniform_req_grad(ref)
+        for m in (ref, model):
+            assert any(p.requires_grad for p in m.parameters()) and not all(p.requires_grad for p in m.parameters())
+    low = copy.deepcopy(ref).to(mp_dtype) if mp_dtype else ref  # the reference's compute copy
+
+    optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    ref_optim = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.9)
+    scaler = _scaler(impl, ctx, init_scale=init_scale)
+    ref_scaler = torch.amp.GradScaler(ctx.device.type, init_scale=init_scale)
+    assert ref_scaler.is_enabled()
+
+    steps_taken = 0
+    for step in range(PARITY_STEPS):
+        with ctx.seeded(step):
+            (inp,) = ref.get_input(ctx.device)  # seeds 1 + rank: different data on every rank
+        if mp_dtype:
+            with torch.no_grad():
+                for lp, p in zip(low.parameters(), ref.parameters()):
+                    lp.copy_(p)
+        optim.zero_grad()
+        ref_optim.zero_grad()
+        low.zero_grad()
+
+        loss = model(inp).sum()
+        ref_loss = low(inp.to(mp_dtype) if mp_dtype else inp).sum()
+        assert loss.dtype == (mp_dtype or torch.float32), loss.dtype
+        assert_close(ctx, loss, ref_loss, f"loss step {step}")
+        scaler.scale(loss).backward()
+        ref_scaler.scale(ref_loss).backward()
+        _average_grads_(low.parameters(), ctx)
+        if mp_dtype:
+            for lp, p in zip(low.parameters(), ref.parameters()):
+                p.grad = None if lp.grad is None else lp.grad.float()
+
+        scale = scaler.get_scale()
+        assert scale == ref_scaler.get_scale(), (scale, ref_scaler.get_scale())
+        scaler.step(optim)
+        scaler.update()
+        ref_scaler.step(ref_optim)
+        ref_scaler.update()
+        assert scaler.get_scale() == ref_scaler.get_scale(), f"step {step}: scale {scaler.get_scale()} != reference {ref_scaler.get_scale()}"
+        steps_taken += scaler.get_scale() >= scale
+        for p in model.parameters():
+            assert _local(p).device.type == ("cpu" if offload else ctx.device.type), p.device
+        assert_close(ctx, impl.full_params(model), dict(ref.named_parameters()), f"params after step {step}")
+    ctx.assert_equal_across_ranks(scaler.get_scale(), "scale")
+    ctx.record("steps_taken", steps_taken)
+    # Not vacuous: at least one step was not skipped for overflow, so the params really moved.
+    assert steps_taken >= 1, f"every step of {PARITY_STEPS} found inf"
+
+
+# ---------------------------------------------------------------------------------------------
+# found_inf agreed across ranks (seed: test_sharded_grad_scaler_found_inf)
+# ---------------------------------------------------------------------------------------------
+
+FOUND_INF_ITERS = 4  # the seed runs 10; an inf on even iterations, none on odd ones
+
+
+def _found_inf_caps(params):
+    return {"sharded_grad_scaler", "nested_units", "full_shard"} | ({"cpu_offload"} if params["offload"] else set())
+
+
+@distributed(world_size=2)
+@pytest.mark.requires.with_args(_found_inf_caps)
+@pytest.mark.parametrize("offload", [True, False], ids=["offload_true", "offload_false"])
+@pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat_params", "use_orig_params"])
+def test_sharded_grad_scaler_found_inf(ctx, impl, use_orig_params, offload):
+    """TransformerWithSharedParams (units: encoder/decoder layers), Adam(lr=1e-2), init_scale 2.
+    On even iterations rank 0 alone writes inf into its first gradient: every rank must skip the
+    step (its local parameters unchanged) and back off the scale; the reference (unsharded, grads
+    averaged, inf on every rank) does the same. Losses and parameters match it at every iteration."""
+    with ctx.seeded(0):
+        model = TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device)
+    ref = copy.deepcopy(model)
+    model = impl.shard(model, ShardSpec(strategy="FULL_SHARD", units=_unit_paths(model), offload=offload,
+                                        use_orig_params=use_orig_params))
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_optim = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    scaler = _scaler(impl, ctx, init_scale=2.0)
+    ref_scaler = torch.amp.GradScaler(ctx.device.type, init_scale=2.0)
+
+    for it in range(FOUND_INF_ITERS):
+        should_find_inf = it % 2 == 0
+        with ctx.seeded(42 + ctx.rank + 1):
+            inp = ref.get_input(ctx.device)
+        scaled = {}
+        for name, m, opt, sc in (("reference", ref, ref_optim, ref_scaler), ("sharded", model, optim, scaler)):
+            opt.zero_grad()
+            loss = ref.get_loss(inp, m(*inp))
+            scaled[name] = sc.scale(loss)
+            scaled[name].backward()
+            if m is ref:
+                _average_grads_(ref.parameters(), ctx)
+            with_grad = [p for p in m.parameters() if p.grad is not None]
+            before = [_local(p).detach().clone() for p in with_grad]
+            if should_find_inf and (m is ref or ctx.rank == 0):
+                # the other ranks must learn about rank 0's inf from the scaler's found_inf sync
+                _local(with_grad[0].grad).fill_(float("inf"))
+            orig_scale = sc.get_scale()
+            sc.step(opt)
+            sc.update()
+            if should_find_inf:
+                assert sc.get_scale() == orig_scale * sc.get_backoff_factor(), \
+                    f"{name} it {it}: scale {sc.get_scale()} not backed off from {orig_scale}"
+                for p, b in zip(with_grad, before):
+                    assert torch.equal(_local(p).detach(), b), f"{name} rank {ctx.rank} it {it}: stepped despite inf"
+            else:
+                assert sc.get_scale() == orig_scale, f"{name} it {it}: scale {sc.get_scale()} != {orig_scale}"
+                assert any(not torch.equal(_local(p).detach(), b) for p, b in zip(with_grad, before)) or not with_grad, \
+                    f"{name} rank {ctx.rank} it {it}: no parameter changed on a finite step"
+        ctx.assert_equal_across_ranks(scaler.get_scale(), f"scale after it {it}")
+        assert_close(ctx, scaled["sharded"], scaled["reference"], f"scaled loss it {it}")
+        assert_close(ctx, _without_key_bias(impl.full_params(model)), _without_key_bias(dict(ref.named_parameters())),
+                     f"params after it {it}")
+
+
+def _without_key_bias(params: dict) -> dict:
+    """Drop the key third of every attention `in_proj_bias`. Its gradient is analytically zero (the
+    key bias adds q.b_k to every score of a query alike, and softmax ignores that), so it is float
+    noise (~1e-9) that any change of reduction order changes; Adam's m / sqrt(v) turns that noise into
+    lr-sized steps of arbitrary sign. The seed compares losses only; the rest is compared exactly."""
+    d = TransformerWithSharedParams.D_MODEL
+    return {n: torch.cat([t[:d], t[2 * d:]]) if n.endswith("in_proj_bias") else t for n, t in params.items()}

@@ -1,0 +1,62 @@
+"""Comparing a sharded run with its unsharded reference: explicit per-dtype tolerances, and the
+measured error of every comparison recorded for the report."""
+
+from __future__ import annotations
+
+import torch
+
+# torch.testing's defaults, named here so every check and every report states what it used.
+TOLERANCES = {  # dtype: (rtol, atol)
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+}
+
+
+def _flat(x):
+    if isinstance(x, dict):
+        return {k: v for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return dict(enumerate(x))
+    return {"": x}
+
+
+def _local(t):
+    if t is not None and hasattr(t, "full_tensor"):  # a DTensor: compare the full value
+        t = t.full_tensor()
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = None) -> None:
+    """Assert `actual` matches `expected` (tensors, or dicts/lists of them; None must match None)
+    within the tolerance of `dtype` (default: the expected tensors' dtype), and record
+    {what, max_abs, max_rel, rtol, atol} with `ctx.record("error", ...)`."""
+    actual, expected = _flat(actual), _flat(expected)
+    assert actual.keys() == expected.keys(), f"{what}: names differ: {sorted(set(actual) ^ set(expected))}"
+    max_abs = max_rel = 0.0
+    rtol = atol = None
+    failures = []
+    for key in expected:
+        a, e = _local(actual[key]), _local(expected[key])
+        if e is None or a is None:
+            if (e is None) != (a is None):
+                failures.append(f"{key}: one side is None ({a is None=}, {e is None=})")
+            continue
+        rtol, atol = TOLERANCES.get(dtype or e.dtype, TOLERANCES[torch.float32])
+        a64, e64 = a.to(torch.float64).cpu(), e.to(torch.float64).cpu()
+        if a64.shape != e64.shape:
+            failures.append(f"{key}: shape {tuple(a64.shape)} != {tuple(e64.shape)}")
+            continue
+        diff = (a64 - e64).abs()
+        if diff.numel():
+            max_abs = max(max_abs, diff.max().item())
+            max_rel = max(max_rel, (diff / e64.abs().clamp_min(1e-12)).max().item())
+        try:
+            torch.testing.assert_close(a64, e64, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False)
+        except AssertionError as exc:
+            failures.append(f"{key}: {str(exc).splitlines()[0]} ({str(exc).splitlines()[2].strip()})")
+    ctx.record("error", {"what": what, "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol, "atol": atol})
+    if failures:
+        raise AssertionError(f"{what}: {len(failures)} mismatch(es) beyond rtol={rtol} atol={atol}:\n  "
+                             + "\n  ".join(failures[:10]))

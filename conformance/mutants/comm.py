@@ -1,0 +1,79 @@
+"""Mutants of gradient communication hooks (reference_impl/comm_hooks.py, Unit.communicate)."""
+
+from __future__ import annotations
+
+import importlib
+
+from conformance.mutants._base import MutantAdapter, replace
+
+
+def _modules():
+    return importlib.import_module("reference_impl"), importlib.import_module("reference_impl.comm_hooks")
+
+
+class CommHookIgnored(MutantAdapter):
+    """Comm hook registered but never called: the unit keeps using its default reduce-scatter /
+    all-reduce (e.g. the hook stored on the wrong object, or a fast path that bypasses it)."""
+
+    name = "mutant-comm-hook-ignored"
+    bug = "comm hook registered but the default collective used"
+    checks = ("test_comm_hooks.py::test_custom_hook_called",)
+
+    def patch(self) -> None:
+        from reference_impl import collectives as C
+        from reference_impl.sharding import Unit
+
+        replace(Unit, "communicate",
+                lambda self, flat: C.average_gradient(flat, self.shard_group, self.replicate_group))
+
+
+class CommHookReregister(MutantAdapter):
+    """A second ``register_comm_hook`` is not rejected: the last registration silently wins."""
+
+    name = "mutant-comm-hook-reregister"
+    bug = "second comm hook registration not rejected"
+    checks = ("test_comm_hooks.py::test_default_communication_hook_initialization",)
+
+    def patch(self) -> None:
+        from reference_impl.sharding import _unit_of, units
+
+        ri, hooks = _modules()
+        original = hooks.register_comm_hook
+
+        def register_comm_hook(module, state, hook):
+            unit = _unit_of(module)
+            if unit is not None and unit.is_root:
+                for u in units(module):
+                    u.comm_hook = u.comm_hook_state = None  # the bug: overwrite, don't refuse
+            return original(module, state, hook)
+
+        replace(hooks, "register_comm_hook", register_comm_hook)
+        replace(ri, "register_comm_hook", register_comm_hook)
+
+
+class CommHookNonRootAccepted(MutantAdapter):
+    """``register_comm_hook`` on a non-root unit accepted (root-ness checked before it is known, as
+    when FSDP1's lazy init has not run): the hook covers only that subtree."""
+
+    name = "mutant-comm-hook-non-root-accepted"
+    bug = "comm hook registration on a non-root unit not rejected"
+    checks = ("test_comm_hooks.py::test_registering_hook_non_root",)
+
+    def patch(self) -> None:
+        from reference_impl.sharding import _unit_of
+
+        ri, hooks = _modules()
+        original = hooks.register_comm_hook
+
+        def register_comm_hook(module, state, hook):
+            unit = _unit_of(module)
+            if unit is None or unit.is_root:
+                return original(module, state, hook)
+            unit.is_root = True  # the missing check
+            try:
+                return original(module, state, hook)
+            finally:
+                unit.is_root = False
+
+        replace(hooks, "register_comm_hook", register_comm_hook)
+        replace(ri, "register_comm_hook", register_comm_hook)

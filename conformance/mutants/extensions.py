@@ -1,0 +1,35 @@
+"""Mutants of all-gather extensions (reference_impl/extensions.py, Unit.all_gather)."""
+
+from __future__ import annotations
+
+import importlib
+
+from conformance.mutants._base import MutantAdapter, replace
+
+
+class ExtensionHooksIgnored(MutantAdapter):
+    """All-gather extension hooks silently ignored: ``fsdp_pre_all_gather`` /
+    ``fsdp_post_all_gather`` are never called and the local shard itself is all-gathered."""
+
+    name = "mutant-ext-hooks-ignored"
+    bug = "all-gather extension hooks silently ignored"
+    checks = ("test_extensions.py::test_monkey_patch", "test_extensions.py::test_train_parity")
+
+    def patch(self) -> None:
+        replace(importlib.import_module("reference_impl.sharding"), "has_extension", lambda t: False)
+
+
+class ExtensionInstanceHooksIgnored(MutantAdapter):
+    """Extension hooks looked up on the tensor's class only: a subclass defining them works, hooks
+    monkey-patched onto the local shard object are silently ignored (the same symptom as patching
+    FSDP2's ``to_local()``, a fresh view each time: gh-166156)."""
+
+    name = "mutant-ext-instance-hooks-ignored"
+    bug = "all-gather hooks patched onto the shard object ignored (class lookup only)"
+    checks = ("test_extensions.py::test_monkey_patch", "test_extensions.py::test_train_parity")
+
+    def patch(self) -> None:
+        from reference_impl.extensions import has_extension
+
+        replace(importlib.import_module("reference_impl.sharding"), "has_extension",
+                lambda t: hasattr(type(t), "fsdp_pre_all_gather") and has_extension(t))

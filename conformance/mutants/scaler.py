@@ -1,0 +1,98 @@
+"""Mutants of the sharded grad scaler (reference_impl/grad_scaler.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from conformance.mutants._base import MutantAdapter, replace
+
+
+class ScalerFoundInfUnsynced(MutantAdapter):
+    """``found_inf`` not synchronised across ranks: a plain ``torch.amp.GradScaler`` on shards. An
+    overflow seen by one rank only makes that rank skip its step and back off; the others step on
+    (their shards of) a poisoned update and keep their scale, so ranks diverge."""
+
+    name = "mutant-scaler-found-inf-unsynced"
+    bug = "found_inf not all-reduced across ranks"
+    checks = ("test_grad_scaler.py::test_sharded_grad_scaler_found_inf",)
+
+    def patch(self) -> None:
+        from reference_impl.grad_scaler import ShardedGradScaler
+
+        replace(ShardedGradScaler, "_sync_found_inf", lambda self, per_device: None)
+
+
+def _local_found_inf(optimizer) -> bool:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            values = g.coalesce().values() if g.is_sparse else g
+            if values.numel() and not torch.isfinite(values.float()).all():
+                return True
+    return False
+
+
+class ScalerBackoffLocal(MutantAdapter):
+    """The step decision uses the agreed ``found_inf``, but ``update()`` backs the scale off from
+    this rank's own flags: only the rank that saw the inf halves its scale, and the ranks' scales
+    (hence their next losses and gradients) diverge."""
+
+    name = "mutant-scaler-backoff-local"
+    bug = "scale backed off only on the rank that saw inf"
+    checks = ("test_grad_scaler.py::test_sharded_grad_scaler_found_inf",)
+
+    def patch(self) -> None:
+        from reference_impl.grad_scaler import ShardedGradScaler
+
+        unscale = ShardedGradScaler.unscale_
+        update = ShardedGradScaler.update
+
+        def unscale_(self, optimizer):
+            unscale(self, optimizer)
+            local = getattr(self, "_mutant_local_found_inf", {})
+            local[id(optimizer)] = _local_found_inf(optimizer)  # after unscale: this rank's grads only
+            self._mutant_local_found_inf = local
+
+        def update_(self, new_scale=None):
+            local = getattr(self, "_mutant_local_found_inf", {})
+            if self._enabled and new_scale is None:
+                for key, state in self._per_optimizer_states.items():
+                    if key in local:
+                        for flag in state["found_inf_per_device"].values():
+                            flag.fill_(float(local[key]))
+            self._mutant_local_found_inf = {}
+            return update(self, new_scale)
+
+        replace(ShardedGradScaler, "unscale_", unscale_)
+        replace(ShardedGradScaler, "update", update_)
+
+
+class ScalerUnscaleSkipsSparse(MutantAdapter):
+    """``unscale_`` skips sparse gradients (a dense-only fast path): they stay multiplied by the
+    scale and their infs are never seen, so an overflow in an embedding's sparse gradient is stepped."""
+
+    name = "mutant-scaler-unscale-skips-sparse"
+    bug = "unscale_ skips sparse gradients"
+    checks = ("test_grad_scaler.py::test_scaling_unscaling_sparse",)
+
+    def patch(self) -> None:
+        from reference_impl.grad_scaler import ShardedGradScaler
+
+        original = ShardedGradScaler._unscale_grads_
+
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+            hidden = []
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None and p.grad.is_sparse:
+                        hidden.append((p, p.grad))
+                        p.grad = None
+            try:
+                return original(self, optimizer, inv_scale, found_inf, allow_fp16)
+            finally:
+                for p, g in hidden:
+                    p.grad = g
+
+        replace(ShardedGradScaler, "_unscale_grads_", _unscale_grads_)

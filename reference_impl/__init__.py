@@ -1,0 +1,54 @@
+"""reference_impl: a small, correct sharded data parallel (FSDP-style) implementation.
+
+What is sharded.  ``shard(module)`` turns a module into a *unit* that owns the parameters of its
+subtree not owned by an already-sharded sub-unit (shard blocks first, then the root).  Every owned
+parameter of ``n`` rows is split along dim 0 like ``torch.chunk(p, ws)``: rank ``r`` keeps rows
+``[r*c, (r+1)*c)`` with ``c = ceil(n / ws)`` (trailing ranks may keep fewer rows, or none).  That
+slice *is* the registered ``nn.Parameter``, so ``model.parameters()`` / the optimizer / the grad
+scaler / ``clip_grad_norm_`` all work on shards; optimizer state is sharded for free.
+
+When it is gathered.  Before a unit's forward, each rank pads its shards to ``c`` rows, and one
+``all_gather`` of the concatenated padded shards gives every rank the full parameters, which are
+put on the modules for the forward.  After forward the shards go back on the modules; FULL_SHARD
+(and HYBRID_SHARD) also drop the full tensors -- the autograd graph keeps small tokens instead
+and the first backward use all-gathers the unit again.  SHARD_GRAD_OP keeps the full tensors until
+the unit's backward.  NO_SHARD keeps whole parameters on every rank (no all-gather; it is DDP).
+
+What each collective computes.  With ``W`` data-parallel ranks and local gradient ``g_r``:
+
+* all-gather (forward, FULL_SHARD backward): ``full = cat_r(shard_r)`` (padding dropped).
+* reduce-scatter (backward): rank ``r`` gets ``(1/W) * sum_q g_q[rows of r]`` -- the average
+  gradient of its own rows.  It is computed as ``post(reduce_scatter(pre(g)))`` with
+  ``pre(x) = x/f``, ``post(x) = x/(W/f)``, ``f ~ sqrt(W)`` a power of two (torch's ``DefaultState``)
+  so float16 sums neither overflow nor underflow.
+* NO_SHARD: ``all_reduce`` instead of reduce-scatter, same ``pre``/``post`` averaging.
+* HYBRID_SHARD on a ``(replicate, shard)`` mesh: reduce-scatter in the shard group, then
+  all-reduce across replicas; ``W`` is the product of both sizes.
+* ``clip_grad_norm_``: one all-reduce of the local ``sum |g|^p`` (or max for ``p = inf``), each
+  element counted once; ``ShardedGradScaler``: one all-reduce of the local ``found_inf`` flags.
+
+Mixed precision casts shards to ``param_dtype`` before the all-gather and reduces gradients in
+``reduce_dtype``; the sharded parameters stay in their own dtype.  All-gather extensions
+(``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``) let a parameter choose what is communicated.
+"""
+from .clip import clip_grad_norm_
+from .comm_hooks import (
+    DefaultState,
+    LowPrecisionState,
+    allreduce_hook,
+    bf16_compress_hook,
+    fp16_compress_hook,
+    reduce_scatter_hook,
+    register_comm_hook,
+)
+from .full_state import full_grads, full_params, full_state
+from .grad_scaler import ShardedGradScaler
+from .mixed_precision import MixedPrecision
+from .sharding import ShardingStrategy, Unit, local_shard, shard, units
+
+__all__ = [
+    "shard", "ShardingStrategy", "MixedPrecision", "Unit", "units", "local_shard",
+    "full_params", "full_state", "full_grads", "clip_grad_norm_", "ShardedGradScaler",
+    "register_comm_hook", "DefaultState", "LowPrecisionState", "allreduce_hook",
+    "reduce_scatter_hook", "fp16_compress_hook", "bf16_compress_hook",
+]

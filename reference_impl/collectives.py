@@ -1,0 +1,150 @@
+"""Collectives on *flat padded* buffers, and gradient averaging with pre/post divide factors.
+
+Layout.  A unit with parameters ``p_1 .. p_k`` is communicated as one flat buffer.  Parameter
+``p_i`` has ``n_i`` rows of ``e_i`` elements (dim-0 rows; a 0-d parameter is one row of one).
+With ``ws`` ranks each rank owns ``c_i = ceil(n_i / ws)`` rows of it (``torch.chunk``): rank
+``r`` holds rows ``[min(r*c_i, n_i), min((r+1)*c_i, n_i))``, so trailing ranks may hold fewer
+rows or none.  Each rank's slice of ``p_i`` is zero-padded to ``c_i`` rows, so every rank
+contributes ``S = sum_i c_i * e_i`` elements and the gathered buffer is ``[ws, S]``:
+
+    rank 0: | p_1 rows 0..c_1 (padded) | p_2 rows 0..c_2 (padded) | ...
+    rank 1: | p_1 rows c_1..2c_1       | p_2 rows c_2..2c_2       | ...
+
+``all_gather_single`` fills that ``[ws, S]`` buffer from the per-rank ``[S]`` inputs, and
+``reduce_scatter_single`` is its adjoint: from a ``[ws, S]`` buffer on every rank it leaves
+``sum over ranks`` of row ``r`` on rank ``r``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one parameter lives in the flat layout (see the module docstring)."""
+
+    shape: torch.Size  # unsharded shape
+    rows: int  # n: unsharded rows (dim 0)
+    row_numel: int  # e: elements per row
+    chunk: int  # c = ceil(n / ws): rows per rank before padding
+
+    @staticmethod
+    def of(shape: torch.Size, ws: int) -> "Slot":
+        rows = shape[0] if len(shape) > 0 else 1
+        row_numel = math.prod(shape[1:]) if len(shape) > 0 else 1
+        return Slot(torch.Size(shape), rows, row_numel, math.ceil(rows / ws) if rows else 0)
+
+    def local_rows(self, rank: int) -> tuple[int, int]:
+        """``[start, end)`` rows held by ``rank`` -- exactly ``torch.chunk(full, ws)[rank]``."""
+        start = min(rank * self.chunk, self.rows)
+        return start, min(start + self.chunk, self.rows)
+
+    @property
+    def padded_numel(self) -> int:
+        return self.chunk * self.row_numel
+
+
+def group_size(group) -> int:
+    """World size of ``group``; ``None`` means "no group", size 1."""
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def shard_rows(full: torch.Tensor, slot: Slot, rank: int) -> torch.Tensor:
+    """This rank's rows of ``full`` as a 2-D ``[rows, e]``-compatible tensor (a view)."""
+    start, end = slot.local_rows(rank)
+    return full.reshape(slot.rows, *slot.shape[1:])[start:end]
+
+
+def pack_shards(shards: Sequence[torch.Tensor], slots: Sequence[Slot], dtype) -> torch.Tensor:
+    """Concatenate this rank's shards, each zero-padded to ``c_i`` rows: the ``[S]`` input."""
+    parts = []
+    for s, slot in zip(shards, slots):
+        rows = s.to(dtype).reshape(-1, slot.row_numel)
+        parts.append(F.pad(rows, (0, 0, 0, slot.chunk - rows.shape[0])).reshape(-1))
+    return torch.cat(parts) if parts else torch.empty(0, dtype=dtype)
+
+
+def pack_full(fulls: Sequence[Optional[torch.Tensor]], slots: Sequence[Slot], ws: int, dtype, device) -> torch.Tensor:
+    """Lay full tensors out as the ``[ws * S]`` buffer (``None`` = zeros): reduce-scatter input."""
+    blocks = []
+    for t, slot in zip(fulls, slots):
+        if t is None:
+            blocks.append(torch.zeros(ws, slot.padded_numel, dtype=dtype, device=device))
+            continue
+        t = t.to(dtype).reshape(slot.rows, slot.row_numel)
+        blocks.append(F.pad(t, (0, 0, 0, ws * slot.chunk - slot.rows)).view(ws, slot.padded_numel))
+    return torch.cat(blocks, dim=1).view(-1) if blocks else torch.empty(0, dtype=dtype, device=device)
+
+
+def unpack_full(flat: torch.Tensor, slots: Sequence[Slot], ws: int) -> list[torch.Tensor]:
+    """Inverse of :func:`pack_full`: cut the gathered ``[ws * S]`` buffer into full tensors."""
+    blocks = flat.view(ws, -1).split([s.padded_numel for s in slots], dim=1)
+    return [b.reshape(ws * s.chunk, s.row_numel)[: s.rows].view(s.shape) for b, s in zip(blocks, slots)]
+
+
+def unpack_shards(flat: torch.Tensor, slots: Sequence[Slot], rank: int) -> list[torch.Tensor]:
+    """Cut this rank's ``[S]`` buffer into unpadded shards of shape ``[local rows, *shape[1:]]``."""
+    out = []
+    for part, s in zip(flat.split([s.padded_numel for s in slots]), slots):
+        start, end = s.local_rows(rank)
+        out.append(part.view(s.chunk, s.row_numel)[: end - start].view(end - start, *s.shape[1:]))
+    return out
+
+
+def all_gather_flat(local: torch.Tensor, group) -> torch.Tensor:
+    """``out[r * S:(r + 1) * S] = local_r`` for every rank ``r`` of ``group``."""
+    ws = group_size(group)
+    if ws == 1:
+        return local
+    out = torch.empty(ws * local.numel(), dtype=local.dtype, device=local.device)
+    dist.all_gather_single(out, local.contiguous(), group=group)
+    return out
+
+
+def predivide_factor(world_size: int) -> float:
+    """The pre-division factor ``f`` of torch's ``DefaultState``: start at 1 and double while
+    ``ws % f == 0 and ws / f > f`` (roughly ``sqrt(ws)``; e.g. ws=2 -> 2, 4 -> 2, 8 -> 4).
+
+    Averaging as ``(sum_r g_r / f) / (ws / f)`` keeps low-precision sums in range: dividing by
+    ``f ~ sqrt(ws)`` before the sum avoids fp16 overflow, dividing by the rest after it avoids
+    underflow.  Overall the result is ``sum_r g_r / ws``.
+    """
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    return float(factor)
+
+
+def average_gradient(flat: torch.Tensor, shard_group, replicate_group) -> torch.Tensor:
+    """Average the ``[sws * S]`` local gradient buffer over all data-parallel ranks.
+
+    ``out = post( all_reduce_R( reduce_scatter_G( pre(flat) ) ) )`` where ``G`` is the shard group
+    (size ``sws``), ``R`` the replicate group (size ``rws``), ``pre(x) = x / f``,
+    ``post(x) = x / (sws * rws / f)`` and ``f = predivide_factor(sws * rws)``; so this rank gets
+    ``(1 / (sws * rws)) * sum over all ranks`` of its ``[S]`` slice of the buffer.
+    """
+    sws, rws = group_size(shard_group), group_size(replicate_group)
+    pre = predivide_factor(sws * rws)
+    post = sws * rws / pre
+    if pre > 1:
+        flat = flat / pre
+    if sws > 1:
+        out = torch.empty(flat.numel() // sws, dtype=flat.dtype, device=flat.device)
+        dist.reduce_scatter_single(out, flat, group=shard_group)
+    else:
+        out = flat
+    if rws > 1:
+        dist.all_reduce(out, group=replicate_group)
+    if post > 1:
+        out.div_(post)
+    return out

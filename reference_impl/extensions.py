@@ -1,0 +1,131 @@
+"""All-gather extensions: let a parameter's local shard choose what is communicated.
+
+A local shard ``t`` (what :func:`reference_impl.local_shard` returns -- the registered sharded
+``nn.Parameter`` itself) may define, on its class (tensor subclass) or on the object itself
+(monkey patch), the same pair of hooks that ``torch.distributed.fsdp.fully_shard`` accepts::
+
+    t.fsdp_pre_all_gather(mesh, outer_size, outer_stride, module, mp_policy)  # or (mesh), or ()
+        -> (tuple_of_tensors, metadata)
+    t.fsdp_post_all_gather(outputs, metadata, param_dtype, *, out=None)
+        -> (unsharded_tensor, tensors_to_free)  or  None when ``out`` is given
+
+Every tensor the pre hook returns is sharded on dim 0 like the parameter: it must have either this
+rank's number of rows or the padded ``ceil(n / ws)`` rows.  Each is all-gathered separately, cut to
+``n`` rows and handed to the post hook.  The first all-gather produces the unsharded tensor; later
+ones pass it back as ``out=`` so the hook can refill it.  ``param_dtype`` is the mixed-precision
+``param_dtype`` (else the shard's dtype).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .collectives import Slot, group_size
+
+
+def has_extension(t: torch.Tensor) -> bool:
+    pre, post = hasattr(t, "fsdp_pre_all_gather"), hasattr(t, "fsdp_post_all_gather")
+    if pre != post:
+        raise AssertionError(f"define both fsdp_pre_all_gather and fsdp_post_all_gather: {type(t)}")
+    return pre
+
+
+def _bound(t: torch.Tensor, name: str) -> Callable:
+    """The hook with ``self`` bound: a class method already is; a function patched onto the
+    instance is not (``t.f = f`` stores a plain function), so bind it here."""
+    fn = getattr(t, name)
+    return fn if inspect.ismethod(fn) else functools.partial(fn, t)
+
+
+def call_pre_all_gather(t: torch.Tensor, slot: Slot, mesh, module, mp_policy) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """Call the pre hook in whichever signature it has; ``outer_size``/``outer_stride`` describe the
+    UNSHARDED parameter (as FSDP2 passes them), so a hook can compute its padding."""
+    fn = _bound(t, "fsdp_pre_all_gather")
+    arity = len(inspect.signature(fn).parameters)
+    if arity == 0:
+        return fn()
+    if arity == 1:  # legacy (self, mesh)
+        return fn(mesh)
+    if arity == 5:
+        return fn(mesh, slot.shape, torch.empty(slot.shape, device="meta").stride(), module, mp_policy)
+    raise TypeError(f"fsdp_pre_all_gather takes (mesh, outer_size, outer_stride, module, mp_policy); got {inspect.signature(fn)}")
+
+
+def call_post_all_gather(t, outputs, metadata, param_dtype, out=None):
+    fn = _bound(t, "fsdp_post_all_gather")
+    if out is None:
+        return fn(outputs, metadata, param_dtype)
+    return fn(outputs, metadata, param_dtype, out=out)
+
+
+def _check_inputs_agree(inputs, slot: Slot, local_rows: int, group, device, error=None) -> None:
+    """Raise on EVERY rank if any rank's pre hook returned wrongly sized inputs.
+
+    Each rank checks its own inputs (dim 0 must be ``local_rows`` or ``slot.chunk``) and hashes their
+    trailing shapes; one small all-reduce (MIN of ``[ok, sig, -sig]``) tells every rank whether all
+    ranks are fine and agree.  Raising only where the check fails would leave the other ranks
+    blocked in the all-gather that follows.
+    """
+    ok = error is None and all(x.dim() > 0 and x.shape[0] in (local_rows, slot.chunk) for x in inputs)
+    sig = hash((len(inputs), tuple((tuple(x.shape[1:]), x.element_size()) for x in inputs))) % (2**31)
+    flags = torch.tensor([int(ok), sig, -sig], dtype=torch.int64, device=device)
+    if group_size(group) > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)
+    if error is not None:
+        raise error
+    if flags[0].item() == 0 or flags[1].item() != -flags[2].item():
+        raise ValueError(
+            "fsdp_pre_all_gather returned inputs of the wrong size on some rank: each input must have "
+            f"dim 0 equal to the local rows ({local_rows} here) or the padded rows ({slot.chunk}), and "
+            f"all ranks must agree on trailing shapes; this rank got {[tuple(x.shape) for x in inputs]}"
+        )
+
+
+def gather_rows(x: torch.Tensor, slot: Slot, group, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """All-gather a dim-0 sharded tensor into ``out`` (``[ws * chunk, ...]``, allocated if None):
+    pad to ``chunk`` rows, gather; the caller keeps the first ``n`` rows."""
+    ws = group_size(group)
+    padded = torch.nn.functional.pad(x.reshape(x.shape[0], math.prod(x.shape[1:])), (0, 0, 0, slot.chunk - x.shape[0]))
+    if out is None:
+        out = torch.empty(ws * slot.chunk, *x.shape[1:], dtype=x.dtype, device=x.device)
+    if ws == 1:
+        out.view(-1).copy_(padded.view(-1))
+    else:
+        dist.all_gather_single(out.view(-1), padded.reshape(-1), group=group)
+    return out
+
+
+class ExtensionParam:
+    """Per-parameter memory of the extension protocol.
+
+    The all-gather output buffers are kept and refilled on every all-gather, and the unsharded
+    tensor from the first post hook is passed back as ``out=``, so a hook may rely on ``out``
+    aliasing the fresh outputs (as FSDP2 guarantees).  Simplification: these buffers are not freed
+    between steps (``tensors_to_free`` is ignored); the reference is about numbers, not memory.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: Optional[list[torch.Tensor]] = None
+        self.unsharded: Optional[torch.Tensor] = None
+
+    def all_gather(self, shard, slot, local_rows, group, device, mesh, module, mp, param_dtype):
+        try:  # a hook that raises on one rank must fail every rank, not leave them in the all-gather
+            inputs, metadata = call_pre_all_gather(shard, slot, mesh, module, mp)
+            inputs, error = tuple(x.to(device) for x in inputs), None
+        except Exception as exc:
+            inputs, metadata, error = (), None, exc
+        _check_inputs_agree(inputs, slot, local_rows, group, device, error)
+        if self.buffers is None or [(b.shape[1:], b.dtype) for b in self.buffers] != [(x.shape[1:], x.dtype) for x in inputs]:
+            self.buffers, self.unsharded = [None] * len(inputs), None
+        self.buffers = [gather_rows(x, slot, group, b) for x, b in zip(inputs, self.buffers)]
+        outputs = tuple(b[: slot.rows] for b in self.buffers)
+        if self.unsharded is None or self.unsharded.dtype != param_dtype:  # out= only for the same dtype
+            self.unsharded, _to_free = call_post_all_gather(shard, outputs, metadata, param_dtype)
+        else:
+            call_post_all_gather(shard, outputs, metadata, param_dtype, out=self.unsharded)
+        return self.unsharded

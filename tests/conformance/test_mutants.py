@@ -1,0 +1,248 @@
+"""Mutation testing of the conformance checks: every mutant of reference_impl must be killed.
+
+For each mutant in ``conformance.mutants.MUTANTS`` (one pytest item each) the check functions it names
+run in their OWN pytest process (a mutant patches reference_impl process-wide)::
+
+    python -m pytest conformance/checks/<file>::<check> ... --impl conformance.mutants:<Class> -x ...
+
+and at least one cell must FAIL; the killing cell is printed (``-s`` shows it). ``-x`` stops at the
+first failed cell, so a killed mutant is cheap. ``test_reference_passes_mutant_subsets`` runs the
+unmutated reference over the union of the same check functions: every cell must pass (or be
+unsupported), so a kill is never an artifact of a check that fails anyway.
+
+The runs are independent processes, so they are started ahead, up to ``SHARDCHECK_MUTANT_JOBS`` at a
+time (default 2; 1 under pytest-xdist, which parallelises by itself), and each item waits for its own.
+``SHARDCHECK_MUTANT_BACKEND`` picks the backend of the runs (default gloo; threaded also works).
+Known survivors (a mutant with ``survivor`` set: a gap in the checks, documented) are strict xfails
+that only run with ``SHARDCHECK_MUTANT_SURVIVORS=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conformance.mutants import MUTANTS
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKS = ROOT / "conformance" / "checks"
+BACKEND = os.environ.get("SHARDCHECK_MUTANT_BACKEND", "gloo")
+RUN_SURVIVORS = os.environ.get("SHARDCHECK_MUTANT_SURVIVORS", "") == "1"
+RUN_TIMEOUT_S = 600
+# Only the plugins the checks need: skips ~1 s of plugin imports (hypothesis, xdist, ...) per run.
+PLUGINS = ["-p", "harness.plugin", "-p", "conformance.plugin", "-p", "pytest_timeout"]
+BASELINE = "reference"
+
+
+def _selection(checks) -> list[str]:
+    return [str((CHECKS / c).relative_to(ROOT)) for c in checks]
+
+
+def _command(impl: str, checks, stop_at_first_failure: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", *_selection(checks), "--impl", impl,
+           "--backend", BACKEND, "--world-sizes", "2", "-o", "addopts=", "-p", "no:cacheprovider",
+           "-rfE", "--rank-timeout", "120", *PLUGINS]
+    return cmd + (["-x"] if stop_at_first_failure else [])
+
+
+@dataclass
+class Run:
+    cmd: list[str]
+    returncode: int
+    output: str
+    seconds: float
+
+    def lines(self, prefix: str) -> list[str]:
+        return [line for line in self.output.splitlines() if line.startswith(prefix)]
+
+    @property
+    def summary(self) -> str:
+        tail = [line for line in self.output.splitlines() if line.startswith("=")]
+        return tail[-1].strip("= ") if tail else "(no pytest summary)"
+
+    def describe(self) -> str:
+        return f"$ {' '.join(self.cmd)}\n(rc {self.returncode}, {self.seconds:.1f} s)\n{self.output[-6000:]}"
+
+
+_LIVE: set[subprocess.Popen] = set()  # runs in flight, killed if the session ends early
+_LIVE_LOCK = threading.Lock()
+
+
+def _run(cmd: list[str]) -> Run:
+    env = {k: v for k, v in os.environ.items() if k not in ("SHARDCHECK_IMPL", "PYTEST_ADDOPTS")}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["COLUMNS"] = "1000"  # the short summary keeps each failure's first message line
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        code, out = -1, out + f"\n(killed: still running after {RUN_TIMEOUT_S} s)"
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+    return Run(cmd, code, out, time.monotonic() - start)
+
+
+def _mutant_command(mutant) -> list[str]:
+    return _command(f"conformance.mutants:{mutant.__name__}", mutant.checks, stop_at_first_failure=True)
+
+
+def _baseline_command() -> list[str]:
+    return _command(BASELINE, _baseline_checks(), stop_at_first_failure=False)
+
+
+def _is_survivor(mutant) -> bool:
+    return mutant.survivor is not None
+
+
+def _baseline_checks() -> list[str]:
+    return list(dict.fromkeys(c for m in MUTANTS if not _is_survivor(m) for c in m.checks))
+
+
+# ---------------------------------------------------------------------------------------------
+# Running ahead: all selected runs start at the first item, at most JOBS at a time.
+
+class _Runs:
+    def __init__(self, jobs: int) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="mutant-run")
+        self.futures: dict[str, Future] = {}
+        self.lock = threading.Lock()
+
+    def get(self, key: str, cmd: list[str]) -> Future:
+        with self.lock:
+            if key not in self.futures:
+                self.futures[key] = self.pool.submit(_run, cmd)
+            return self.futures[key]
+
+
+def _jobs() -> int:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return 1
+    return int(os.environ.get("SHARDCHECK_MUTANT_JOBS", "2"))
+
+
+def _planned(item) -> tuple[str, list[str]] | None:
+    """(key, command) of the run an item of this file needs, or None."""
+    if getattr(item, "module", None) is None or item.module.__name__ != __name__:
+        return None
+    if item.originalname == "test_reference_passes_mutant_subsets":
+        return BASELINE, _baseline_command()
+    mutant = item.callspec.params.get("mutant") if hasattr(item, "callspec") else None
+    if mutant is None or (_is_survivor(mutant) and not RUN_SURVIVORS):
+        return None
+    return mutant.__name__, _mutant_command(mutant)
+
+
+@pytest.fixture(scope="session")
+def mutant_runs(request):
+    runs = _Runs(_jobs())
+    plans = [p for item in request.session.items if (p := _planned(item))]
+    if _jobs() > 1:
+        # the baseline is the longest run: start it first
+        for key, cmd in sorted(plans, key=lambda p: p[0] != BASELINE):
+            runs.get(key, cmd)
+    yield runs
+    runs.pool.shutdown(wait=False, cancel_futures=True)
+    with _LIVE_LOCK:  # only runs whose items were deselected or interrupted are still going
+        for proc in _LIVE:
+            proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_catalogue_lists_every_mutant():
+    """The docstring catalogue and MUTANTS agree; every mutant names a bug class and existing checks."""
+    import conformance.mutants as M
+
+    names = [m.name for m in MUTANTS]
+    assert len(set(names)) == len(names), names
+    for m in MUTANTS:
+        assert m.name.startswith("mutant-") and m.bug and m.__doc__, m
+        assert m.name in M.__doc__ and f"({m.__name__})" in M.__doc__, f"{m.name} missing from the catalogue"
+        assert m.checks, f"{m.name} names no check"
+        for check in m.checks:
+            path, _, func = check.partition("::")
+            assert func.startswith("test_") and "[" not in func, f"{check}: name whole check functions"
+            assert (CHECKS / path).exists(), f"{check}: no such check file"
+            assert re.search(rf"^def {func}\(", (CHECKS / path).read_text(), re.MULTILINE), f"{check}: no such check"
+    assert len([m for m in MUTANTS if not _is_survivor(m)]) >= 12
+
+
+def test_patch_travels_by_pickle():
+    """A rank that receives the adapter by pickle (spawn, forkserver) gets the patch from
+    __setstate__; a second, different mutant in the same process is refused. Pickled here without
+    __init__, so this process stays unmutated."""
+    import pickle
+
+    from conformance.mutants import ClipLocalNorm, GradNotAveraged
+
+    blobs = [pickle.dumps(cls.__new__(cls)) for cls in (GradNotAveraged, ClipLocalNorm)]
+    code = (
+        "import pickle, sys\n"
+        "import reference_impl.collectives as C\n"
+        "from conformance import mutants\n"
+        "original = C.average_gradient\n"
+        "a = pickle.loads(sys.stdin.buffer.read(int(sys.argv[1])))\n"
+        "assert mutants.applied() == a.name == 'mutant-grad-not-averaged', mutants.applied()\n"
+        "assert C.average_gradient is not original\n"
+        "pickle.loads(pickle.dumps(a))  # the same mutant again: idempotent\n"
+        "try:\n"
+        "    pickle.loads(sys.stdin.buffer.read())\n"
+        "except RuntimeError as exc:\n"
+        "    print('refused:', exc)\n"
+        "else:\n"
+        "    raise SystemExit('a second mutant was stacked on the first')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(len(blobs[0]))], cwd=ROOT, input=b"".join(blobs),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, check=False)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0 and "refused: mutant mutant-clip-local-norm" in out, out
+    from conformance.mutants import applied
+
+    assert applied() is None, "this test session itself got mutated"
+
+
+def test_reference_passes_mutant_subsets(mutant_runs):
+    """The unmutated reference passes every cell the mutants are run on."""
+    run = mutant_runs.get(BASELINE, _baseline_command()).result()
+    print(f"\nreference over {len(_baseline_checks())} check functions: {run.summary} ({run.seconds:.1f} s)")
+    bad = run.lines("FAILED") + run.lines("ERROR")
+    assert run.returncode == 0 and not bad, "the reference fails cells the mutants are judged on:\n" + run.describe()
+    assert re.search(r"\d+ passed", run.summary), run.describe()
+
+
+def _params():
+    for m in MUTANTS:
+        marks = []
+        if _is_survivor(m):
+            marks.append(pytest.mark.xfail(strict=True, run=RUN_SURVIVORS,
+                                           reason=f"known survivor (gap in the checks): {m.survivor}"))
+        yield pytest.param(m, id=m.name, marks=marks)
+
+
+@pytest.mark.parametrize("mutant", list(_params()))
+def test_mutant_is_killed(mutant_runs, mutant):
+    run = mutant_runs.get(mutant.__name__, _mutant_command(mutant)).result()
+    assert f": {mutant.name} " in run.output, f"the run did not load {mutant.name}:\n{run.describe()}"
+    failed = run.lines("FAILED")
+    errors = [line for line in run.lines("ERROR") if "::" in line]
+    assert not errors, f"{mutant.name}: a cell ERRORED (setup/collection), not a clean kill:\n{run.describe()}"
+    assert failed, (f"{mutant.name} SURVIVED {', '.join(mutant.checks)} ({run.summary}): "
+                    f"no check detects '{mutant.bug}'\n{run.describe()}")
+    cell, _, why = failed[0].removeprefix("FAILED ").replace(f"conformance.mutants:{mutant.__name__}-", "").partition(" - ")
+    print(f"\n{mutant.name} killed by {cell} ({run.summary}; {run.seconds:.1f} s)\n    {why[:240]}")
