@@ -89,6 +89,9 @@ class Unsupported(pytest.skip.Exception):
 
 @runtime_checkable
 class Adapter(Protocol):
+    """Optional attribute: `expectations`, the path of the adapter's known-failures manifest
+    (default conformance/expectations/<name>.toml)."""
+
     name: str
     version: str
     capabilities: frozenset[str]

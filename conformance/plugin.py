@@ -6,7 +6,7 @@
   `@pytest.mark.requires.with_args(lambda params: {...})` derives them from the cell's parameters
   (`with_args`: a lone callable would be taken for the decorated function). A cell whose adapter
   lacks one is *unsupported*: reported with its own status (U), never a pass, never a failure.
-- Each adapter's expectations manifest (conformance/expectations/<name>.toml) turns known failures
+- Each adapter's expectations manifest (patterns are globs where only `*` and `?` are special) (conformance/expectations/<name>.toml) turns known failures
   into strict xfails: a cell that now passes fails, and so does an entry that matches no cell.
 """
 
@@ -44,7 +44,7 @@ def pytest_configure(config):
         config._shardcheck_impls = {n: adapters.load(n) for n in dict.fromkeys(names)}
     except adapters.UnknownAdapter as exc:
         raise pytest.UsageError(str(exc)) from None
-    config._shardcheck_manifests = {n: load_manifest(a.name) for n, a in config._shardcheck_impls.items()}
+    config._shardcheck_manifests = {n: load_manifest(a) for n, a in config._shardcheck_impls.items()}
 
 
 def pytest_report_header(config):
@@ -87,8 +87,10 @@ def pytest_report_teststatus(report, config):
 
 # ---- expectations manifests -------------------------------------------------------------------
 
-def load_manifest(adapter_name: str) -> list[dict]:
-    path = EXPECTATIONS / f"{adapter_name}.toml"
+def load_manifest(adapter) -> list[dict]:
+    """The adapter's `expectations` file if it names one (third-party adapters ship their own),
+    else conformance/expectations/<name>.toml."""
+    path = Path(getattr(adapter, "expectations", None) or EXPECTATIONS / f"{adapter.name}.toml")
     if not path.exists():
         return []
     entries = tomllib.loads(path.read_text()).get("xfail", [])
@@ -128,7 +130,7 @@ def pytest_collection_modifyitems(session, config, items):
                 continue
             cell = cell_id(item, impl_name)
             for i, entry in enumerate(entries):
-                if any(fnmatch.fnmatchcase(cell, pattern) for pattern in entry["cells"]):
+                if any(fnmatch.fnmatchcase(cell, pattern.replace("[", "[[]")) for pattern in entry["cells"]):
                     used.add(i)
                     item.add_marker(pytest.mark.xfail(strict=True, reason=f"known: {entry['reason']}"))
                     item.user_properties.append(("expectation", {"reason": entry["reason"],

@@ -64,6 +64,8 @@ class ReportWriter:
         self.lines = path.with_suffix(path.suffix + "l")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.started = dt.datetime.now(dt.timezone.utc)
+
+    def pytest_sessionstart(self, session):  # every plugin is configured by now
         self.lines.write_text(json.dumps({"kind": "header", **self.header()}) + "\n")
 
     def header(self) -> dict:
@@ -85,7 +87,8 @@ class ReportWriter:
             return
         props = dict(report.user_properties)
         params = {k: _jsonable(v) for k, v in getattr(report, "_shardcheck_params", {}).items()}
-        errors = [e for per_rank in props.get("error", {}).values() for e in per_rank]
+        errors = [e for per_rank in props.get("error", {}).values() for e in per_rank
+                  if isinstance(e, dict) and "max_abs" in e]
         cell = {
             "kind": "cell", "nodeid": report.nodeid, "phase": report.when, "outcome": outcome,
             "family": Path(report.nodeid.split("::")[0]).stem.removeprefix("test_"),

@@ -17,7 +17,7 @@ import pytest
 
 from harness import backends, runner
 from harness.external import detect
-from harness.task import Task
+from harness.task import Task, takes_ctx
 from harness.verdict import Verdict
 
 MARKER = "distributed"
@@ -61,8 +61,10 @@ def pytest_sessionstart(session):
     launch = session.config._shardcheck_launch_env
     if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
         reporter = session.config.pluginmanager.getplugin("terminalreporter")
-        if reporter is not None:
-            session.config.pluginmanager.unregister(reporter)
+        if reporter is not None:  # keep the plugin (others use it), silence its output
+            from _pytest.config import create_terminal_writer
+
+            reporter._tw = create_terminal_writer(session.config, open(os.devnull, "w"))
 
 
 def pytest_report_header(config):
@@ -167,7 +169,7 @@ def pytest_runtest_setup(item):
         problem = str(exc)
     if problem:
         pytest.fail(problem, pytrace=False)
-    if "ctx" not in item.fixturenames:
+    if takes_ctx(item.obj) is None:
         pytest.fail(f"{item.name}: a @distributed test body must take `ctx` as an argument", pytrace=False)
     reason = backends.skip_reason(backend, ws)
     if reason:
@@ -185,6 +187,13 @@ def _unpicklable(kwargs):
             yield name, exc
 
 
+def _qualname(item) -> str:
+    """Where the ranks find the body: the attribute pytest collected (a generated function such as
+    parameterized.expand's has its own attribute but the wrapped function's __qualname__)."""
+    owner = f"{item.cls.__qualname__}." if item.cls is not None else ""
+    return owner + item.originalname
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     if pyfuncitem.get_closest_marker(MARKER) is None:
@@ -199,7 +208,7 @@ def pytest_pyfunc_call(pyfuncitem):
                     f"parameters, or build the object inside the test body", pytrace=False)
     task = Task(test_id=pyfuncitem.nodeid, module=pyfuncitem.module.__name__,
                 file=getattr(pyfuncitem.module, "__file__", None),
-                qualname=pyfuncitem.function.__qualname__, kwargs=kwargs, sys_path=list(sys.path))
+                qualname=_qualname(pyfuncitem), kwargs=kwargs, sys_path=list(sys.path))
     launch = pyfuncitem.config._shardcheck_launch_env
     mode = ("external" if launch else "thread" if backend == "threaded"
             else pyfuncitem.config.getoption("launch"))
@@ -226,3 +235,4 @@ def pytest_runtest_teardown(item):
 
 def pytest_unconfigure(config):
     runner.shutdown_pools()
+    runner.leave_external_world()  # ranks leave together, after rank 0 has reported

@@ -61,6 +61,16 @@ def external_world(launch, backend: str, timeout_s: float):
     return _external
 
 
+def leave_external_world() -> None:
+    global _external
+    if _external is not None:
+        import torch.distributed as dist
+
+        dist.barrier(group=_external.control)
+        dist.destroy_process_group()
+        _external = None
+
+
 def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "pool",
              timeout: float = 300.0) -> Verdict:
     backends.check_backend(backend)

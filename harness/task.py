@@ -104,6 +104,15 @@ def _skip_types() -> tuple[type, ...]:
     return tuple(types)
 
 
+def takes_ctx(fn: Callable) -> str | None:
+    """How a body takes its context: "positional" (first parameter, or a generated `*args`
+    wrapper), "keyword", or None (it cannot)."""
+    params = list(inspect.signature(fn).parameters.values())
+    if params and (params[0].name == "ctx" or params[0].kind is inspect.Parameter.VAR_POSITIONAL):
+        return "positional"
+    return "keyword" if any(p.name == "ctx" for p in params) else None
+
+
 def execute(task: Task, ctx, on_failure: Callable[[BaseException], None] | None = None) -> RankResult:
     """Run `task` on this rank with context `ctx`; never raises."""
     start = time.perf_counter()
@@ -111,9 +120,10 @@ def execute(task: Task, ctx, on_failure: Callable[[BaseException], None] | None 
     try:
         fn = resolve(task)
         kwargs = dict(task.kwargs)
-        if "ctx" in inspect.signature(fn).parameters:
-            kwargs["ctx"] = ctx
-        fn(**kwargs)
+        if takes_ctx(fn) == "positional":  # wrappers such as parameterized.expand append their args
+            fn(ctx, **kwargs)
+        else:
+            fn(ctx=ctx, **kwargs)
     except _skip_types() as exc:
         result.outcome, result.message = "skipped", str(getattr(exc, "msg", exc) or exc)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt on a rank are failures too

@@ -29,7 +29,9 @@ def summary_line(message: str) -> str:
     lines = [line for line in message.strip().splitlines() if line.strip()]
     if not lines:
         return "failed"
-    return lines[-1].strip() if lines[0].startswith("Traceback") else lines[0].strip()
+    if lines[0].startswith("Traceback"):  # the exception line ends the indented frames
+        return next((line for line in lines[1:] if not line[0].isspace()), lines[-1]).strip()
+    return lines[0].strip()
 
 
 def trim_stack(text: str) -> str:

@@ -190,7 +190,7 @@ def test_wrong_size_raises_on_every_rank(ctx, impl, wrong_on):
     with pytest.raises(Exception) as info:
         model(inp).sum().backward()
     assert calls["pre"] > 0, "the pre hook never ran"
-    ctx.record("error", {"what": "raised", "type": type(info.value).__name__, "msg": str(info.value)[:200]})
+    ctx.record("raised", {"what": "raised", "type": type(info.value).__name__, "msg": str(info.value)[:200]})
 
 
 @distributed(world_size=2)

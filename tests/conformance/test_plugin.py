@@ -1,0 +1,84 @@
+"""The conformance plugin's promises: implementation selection, unsupported is never a pass,
+expectations manifests are strict, and the JSON report records every cell."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+ADAPTER = '''
+import torch
+from conformance.adapters.reference import ReferenceAdapter
+
+class Fake(ReferenceAdapter):
+    name = "fake"
+    capabilities = frozenset({"full_shard"})
+    expectations = __import__("pathlib").Path(__file__).with_name("fake.toml")
+'''
+CHECKS = '''
+import pytest
+from harness import distributed
+
+@distributed(world_size=2)
+@pytest.mark.requires("full_shard")
+@pytest.mark.parametrize("x", [1, 2])
+def test_supported(ctx, impl, x):
+    ctx.record("error", {"what": "x", "max_abs": 0.1 * x, "max_rel": 0.0, "rtol": 1e-6, "atol": 1e-5})
+    assert x == 1 or impl.name != "fake", "cell 2 is known to fail"
+
+@distributed(world_size=2)
+@pytest.mark.requires("cpu_offload")
+def test_needs_offload(ctx, impl):
+    pass
+'''
+
+
+def _session(tmp_path, manifest, *args):
+    (tmp_path / "fake_adapter.py").write_text(ADAPTER)
+    (tmp_path / "test_checks.py").write_text(CHECKS)
+    (tmp_path / "fake.toml").write_text(textwrap.dedent(manifest))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+                           "--impl", "fake_adapter:Fake", "test_checks.py", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+KNOWN = '''
+[[xfail]]
+cells = ["test_checks.py::test_supported[ws2-2]"]
+reason = "cell 2 is known to fail"
+repro = "assert 2 == 1"
+'''
+
+
+def test_unsupported_is_its_own_status_and_known_failures_are_xfails(tmp_path):
+    code, out = _session(tmp_path, KNOWN, "--shardcheck-report", "r.json")
+    assert code == 0, out
+    assert "1 passed, 1 xfailed, 1 unsupported" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    outcomes = {c["check"] + str(c["params"].get("x", "")): c["outcome"] for c in report["cells"]}
+    assert outcomes == {"test_supported1": "passed", "test_supported2": "xfailed",
+                        "test_needs_offload": "unsupported"}
+    assert report["complete"] and report["schema_version"] == 1
+    assert report["implementations"][0]["name"] == "fake"
+    cell = next(c for c in report["cells"] if c["params"].get("x") == 1)
+    assert cell["max_abs_err"] == 0.1 and cell["tolerances"] == [[1e-6, 1e-5]]
+    assert (tmp_path / "r.jsonl").exists()
+
+
+def test_an_entry_matching_no_cell_is_an_error(tmp_path):
+    code, out = _session(tmp_path, KNOWN.replace("[ws2-2]", "[ws2-9]"))
+    assert code == 4 and "entry matches no cell" in out
+
+
+def test_a_known_failure_that_passes_fails_the_run(tmp_path):
+    code, out = _session(tmp_path, KNOWN.replace("[ws2-2]", "[ws2-1]"))
+    assert code == 1 and "XPASS(strict)" in out
+
+
+def test_unknown_implementation_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "nope", "--co"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4
+    assert "unknown implementation 'nope'; available: ddp, reference, torch-fsdp1, torch-fsdp2" in proc.stderr
+    assert "Traceback" not in proc.stderr

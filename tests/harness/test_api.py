@@ -1,0 +1,50 @@
+"""The test API, used directly: world sizes, parameters from pytest and from `parameterized`,
+the per-rank context."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from parameterized import parameterized
+
+from harness import distributed
+
+
+@distributed(world_size=[1, 2, 3])
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_parametrize_reaches_every_rank(ctx, scale, world_size):
+    assert ctx.world_size == world_size
+    t = torch.full((1,), scale * ctx.rank, device=ctx.device)
+    dist.all_reduce(t)
+    assert t.item() == scale * sum(range(world_size))
+    ctx.assert_equal_across_ranks(t, "reduced value")
+
+
+class TestParameterized:
+    @parameterized.expand([("two", 2.0), ("three", 3.0)])
+    @distributed(world_size=2)
+    def test_expand_in_a_class(self, ctx, _name, value):
+        t = torch.full((1,), value)
+        dist.all_reduce(t)
+        assert t.item() == 2 * value
+
+
+@parameterized.expand([(1,), (4,)])
+@distributed(world_size=2)
+def test_expand_on_a_function(ctx, value):
+    assert ctx.all_gather_object(value * ctx.rank) == [0, value]
+
+
+@distributed(world_size=4)
+def test_mesh_is_cached_and_2d(ctx):
+    mesh = ctx.mesh((2, 2), ("dp", "tp"))
+    assert mesh is ctx.mesh((2, 2), ("dp", "tp"))
+    t = torch.ones(1)
+    dist.all_reduce(t, group=mesh.get_group("tp"))
+    assert t.item() == 2
+
+
+@distributed(world_size=2)
+def test_seeded_sections_are_identical_on_every_rank(ctx):
+    with ctx.seeded(7):
+        a = torch.randn(4)
+    ctx.assert_equal_across_ranks(a, "seeded tensor")
