@@ -3,8 +3,14 @@
     shardcheck run [--impl NAME]... [--backend gloo|threaded|nccl] [--world-sizes 2,4]
                    [--family clip_grad,...] [-k EXPR] [-o REPORT] [-- pytest args]
 
-runs the conformance matrix through pytest (the checks are pytest tests) and writes a JSON report.
-Exit code: 0 when no cell failed, 1 otherwise (pytest's codes for usage errors pass through).
+runs the conformance matrix through pytest (the checks are pytest tests) and writes a JSON report,
+with a progress bar on a terminal (plain progress lines elsewhere) and a families x outcomes table.
+Exit code: 0 when no cell failed or errored (xfailed and unsupported cells do not count), 1
+otherwise; pytest's codes for usage errors pass through. `-- -n 2` runs it on pytest-xdist workers.
+
+    shardcheck report assemble REPORT.jsonl [-o REPORT.json]
+
+rebuilds the report from the cells a run streamed, e.g. after a crash (`complete: false`).
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from conformance.checks import FAMILIES
+
 CHECKS = Path(__file__).parent / "checks"
-FAMILIES = ("clip_grad", "grad_scaler", "extensions", "comm_hooks")
 
 
 def _run(args, passthrough: list[str]) -> int:
@@ -29,19 +36,78 @@ def _run(args, passthrough: list[str]) -> int:
         return 4
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.output or f"reports/local/{'+'.join(args.impl or ['reference'])}-{args.backend}-{stamp}.json")
-    argv = [str(CHECKS / f"test_{f}.py") for f in families if (CHECKS / f"test_{f}.py").exists()]
+    argv = sorted(str(p) for f in families for p in CHECKS.glob(f"test_{f}*.py"))
     argv += ["-p", "no:cacheprovider", "--backend", args.backend, "--shardcheck-report", str(out),
-             "-o", "addopts=", "-q", "-rfEU"]
+             "-o", "addopts=", "-o", "console_output_style=classic", "-q", "-rfEU",
+             "-W", "ignore::pytest.PytestAssertRewriteWarning"]  # conformance is imported before pytest
     for impl in args.impl or []:
         argv += ["--impl", impl]
     if args.world_sizes:
         argv += ["--world-sizes", args.world_sizes]
     if args.k:
         argv += ["-k", args.k]
-    code = pytest.main(argv + passthrough)
+    from conformance.progress import RunProgress  # rich: only for this command
+
+    progress = RunProgress()
+    try:
+        code = pytest.main(argv + passthrough, plugins=[progress])
+    finally:
+        progress.stop()
+    if progress.n_done:
+        progress.print_summary()
     if out.exists():
         print(f"shardcheck: report written to {out}")
-    return int(code)
+    return progress.exit_code(code)
+
+
+def _report_assemble(args) -> int:
+    from conformance import reporting
+
+    lines = Path(args.jsonl)
+    if not lines.is_file():
+        print(f"shardcheck: no such file: {lines}", file=sys.stderr)
+        return 2
+    out = Path(args.output or (str(lines)[:-1] if lines.suffix == ".jsonl" else f"{lines}.json"))
+    report = reporting.assemble(lines)
+    reporting.write(report, out)
+    print(f"shardcheck: report written to {out} ({len(report['cells'])} cells, "
+          f"complete: {str(report['complete']).lower()})")
+    return 0
+
+
+def _add_matrix_and_diff(sub) -> None:
+    matrix = sub.add_parser("matrix", help="families x implementations table from reports (Markdown, HTML)")
+    matrix.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports to merge")
+    matrix.add_argument("--markdown", metavar="OUT.md", help="write the Markdown here (default: stdout)")
+    matrix.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML page with a chart")
+    diff = sub.add_parser("diff", help="cells that regressed, got fixed, appeared or vanished; "
+                                       "exit code 1 on a regression")
+    diff.add_argument("old", metavar="OLD", help="the earlier JSON report")
+    diff.add_argument("new", metavar="NEW", help="the later JSON report")
+
+
+def _matrix_or_diff(args) -> int:
+    from conformance import (  # matplotlib and rich load only for these commands
+        diff,
+        matrix,
+    )
+
+    try:
+        return (matrix.main if args.command == "matrix" else diff.main)(args)
+    except matrix.ReportError as exc:
+        print(f"shardcheck: {exc}", file=sys.stderr)
+        return 2
+
+
+def _simulate(args, extra: list[str]) -> int:
+    from conformance.simulate import (
+        command,  # torch.distributed fake group: only for this command
+    )
+
+    if extra:
+        print(f"shardcheck: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
+        return 2
+    return command.main(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +126,26 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--family", help=f"comma-separated check families: {', '.join(FAMILIES)}")
     run.add_argument("-k", help="pytest -k expression selecting cells")
     run.add_argument("-o", "--output", help="report path (default reports/local/<impl>-<backend>-<time>.json)")
+    report = sub.add_parser("report", help="work with conformance reports").add_subparsers(
+        dest="report_command", required=True)
+    assemble = report.add_parser("assemble", help="rebuild a JSON report from its JSON-lines stream "
+                                                  "(an interrupted run's is marked complete: false)")
+    assemble.add_argument("jsonl", metavar="JSONL", help="the cells streamed by a run (REPORT.jsonl)")
+    assemble.add_argument("-o", "--output", help="report path (default: JSONL without its final 'l')")
+    _add_matrix_and_diff(sub)
+    from conformance.simulate import command as simulate_command
+    simulate_command.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
+    if args.command in ("matrix", "diff"):
+        if extra or passthrough:
+            parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
+        return _matrix_or_diff(args)
+    if args.command == "report":
+        if extra or passthrough:
+            parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
+        return _report_assemble(args)
+    if args.command == "simulate":
+        return _simulate(args, extra + passthrough)
     return _run(args, extra + passthrough)
 
 

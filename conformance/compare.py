@@ -3,6 +3,8 @@ measured error of every comparison recorded for the report."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # torch.testing's defaults, named here so every check and every report states what it used.
@@ -12,6 +14,11 @@ TOLERANCES = {  # dtype: (rtol, atol)
     torch.float16: (1e-3, 1e-5),
     torch.bfloat16: (1.6e-2, 1e-5),
 }
+
+
+def _worse(recorded: float, new: float) -> float:
+    """The larger error; NaN wins (a NaN mismatch must never be recorded as a small error)."""
+    return new if math.isnan(new) or new > recorded else recorded
 
 
 def _flat(x):
@@ -50,8 +57,8 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
             continue
         diff = (a64 - e64).abs()
         if diff.numel():
-            max_abs = max(max_abs, diff.max().item())
-            max_rel = max(max_rel, (diff / e64.abs().clamp_min(1e-12)).max().item())
+            max_abs = _worse(max_abs, diff.max().item())
+            max_rel = _worse(max_rel, (diff / e64.abs().clamp_min(1e-12)).max().item())
         try:
             torch.testing.assert_close(a64, e64, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False)
         except AssertionError as exc:

@@ -2,8 +2,12 @@
 the run crashes), and the final JSON report assembled from it at the end of the session.
 
 Enabled with `--shardcheck-report PATH` (what `shardcheck run` passes). The cells go to PATH + "l"
-(`report.json` -> `report.jsonl`); `assemble(jsonl)` rebuilds the report from the lines alone, so an
-interrupted run still yields one, marked `complete: false`.
+(`report.json` -> `report.jsonl`): a "header" line, one "cell" line per finished cell, and a "footer"
+line when the session ends. `assemble(jsonl)` rebuilds the report from the lines alone (also
+`shardcheck report assemble`), so an interrupted run still yields one, marked `complete: false`.
+
+Under pytest-xdist the controller writes the report: the workers' reports are replayed on it, so
+everything a cell needs travels in `report.user_properties` (JSON-able values only).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 import torch
 
 SCHEMA_VERSION = 1
+PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
 SUITE_VERSION = "0.1.0"
 RECORDED_ENV = ("SHARDCHECK_BACKEND", "SHARDCHECK_IMPL", "SHARDCHECK_LAUNCH", "CUDA_VISIBLE_DEVICES",
                 "WORLD_SIZE", "SLURM_JOB_ID")  # named variables only: never the whole environment
@@ -44,18 +49,33 @@ def _jsonable(value):
     return getattr(value, "name", None) or str(value)
 
 
-def _outcome(report) -> str | None:
+def family_of(nodeid: str) -> str:
+    """`conformance/checks/test_clip_grad_dtensor.py::...` -> `clip_grad`."""
+    from conformance.checks import family_of_file
+
+    return family_of_file(Path(nodeid.split("::")[0]).stem)
+
+
+def outcome_of(report) -> str | None:
+    """The cell's outcome this phase report decides, or None (a passed setup/teardown)."""
     from conformance.adapter import UNSUPPORTED_PREFIX
 
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"
+    if report.outcome == "skipped":  # in setup (decided in the parent) or call (raised on ranks)
+        return "unsupported" if UNSUPPORTED_PREFIX in str(report.longrepr) else "skipped"
     if report.when == "call":
         return report.outcome
-    if report.outcome == "skipped":
-        return "unsupported" if UNSUPPORTED_PREFIX in str(report.longrepr) else "skipped"
     if report.outcome == "failed":
         return "error"
     return None  # a passed setup/teardown: the call phase reports the cell
+
+
+def _message(report, outcome: str) -> str:
+    """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise."""
+    if outcome in ("skipped", "unsupported") and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return report.longreprtext if outcome in ("failed", "error", "xfailed") else ""
 
 
 class ReportWriter:
@@ -67,6 +87,10 @@ class ReportWriter:
 
     def pytest_sessionstart(self, session):  # every plugin is configured by now
         self.lines.write_text(json.dumps({"kind": "header", **self.header()}) + "\n")
+
+    def _append(self, entry: dict) -> None:
+        with self.lines.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
 
     def header(self) -> dict:
         impls = getattr(self.config, "_shardcheck_impls", {})
@@ -82,61 +106,71 @@ class ReportWriter:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report):
-        outcome = _outcome(report)
+        outcome = outcome_of(report)
         if outcome is None or (report.when == "teardown" and outcome == "skipped"):
             return
         props = dict(report.user_properties)
-        params = {k: _jsonable(v) for k, v in getattr(report, "_shardcheck_params", {}).items()}
+        params = dict(props.get(PARAMS_PROPERTY) or {})
         errors = [e for per_rank in props.get("error", {}).values() for e in per_rank
                   if isinstance(e, dict) and "max_abs" in e]
         cell = {
             "kind": "cell", "nodeid": report.nodeid, "phase": report.when, "outcome": outcome,
-            "family": Path(report.nodeid.split("::")[0]).stem.removeprefix("test_"),
+            "family": family_of(report.nodeid),
             "check": report.nodeid.split("::")[-1].split("[")[0],
             "impl": params.pop("impl", None), "world_size": params.get("world_size"),
             "params": params, "duration_s": round(report.duration, 4),
-            "message": report.longreprtext if outcome in ("failed", "error", "skipped", "unsupported",
-                                                          "xfailed") else "",
+            "message": _message(report, outcome),
             "rank_outcomes": _jsonable(props.get("rank_outcomes", {})),
             "max_abs_err": max((e["max_abs"] for e in errors), default=None),
             "max_rel_err": max((e["max_rel"] for e in errors), default=None),
             "tolerances": sorted({(e["rtol"], e["atol"]) for e in errors if e["rtol"] is not None}),
             "expectation": _jsonable(props.get("expectation")),
         }
-        with self.lines.open("a") as f:
-            f.write(json.dumps(cell) + "\n")
+        self._append(cell)
 
-    def pytest_sessionfinish(self, session):
-        report = assemble(self.lines, complete=True)
-        self.path.write_text(json.dumps(report, indent=1) + "\n")
+    def pytest_sessionfinish(self, session, exitstatus):
+        stopped = bool(session.shouldstop or session.shouldfail) or exitstatus not in (0, 1, 5)  # -x, ^C
+        self._append({"kind": "footer", "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+                      "exit_status": int(exitstatus), "interrupted": stopped})
+        write(assemble(self.lines), self.path)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """The cell's parameters, JSON-able, as a user property: it survives xdist's serialisation."""
     outcome = yield
     rep = outcome.get_result()
     params = dict(getattr(item, "callspec", None).params) if hasattr(item, "callspec") else {}
     if "impl" in params:
         params["impl"] = params["impl"].name
     params.pop("shardcheck_backend", None)
-    rep._shardcheck_params = params
+    rep.user_properties.append((PARAMS_PROPERTY, {k: _jsonable(v) for k, v in params.items()}))
 
 
-def assemble(lines: Path, complete: bool = False) -> dict:
-    header, cells = {}, {}
+def assemble(lines: Path) -> dict:
+    """The report from a JSON-lines file; `complete` only when the session wrote its footer, was not
+    stopped early (-x, Ctrl-C) and no line was cut short. A killed run's `finished` is the time of
+    its last line, its `exit_status` null."""
+    header, footer, cells, torn = {}, None, {}, False
     for line in lines.read_text().splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
-            complete = False  # a line cut short by a crash
+            torn = True  # a line cut short by a crash
             continue
-        if entry.pop("kind") == "header":
+        kind = entry.pop("kind", None)
+        if kind == "header":
             header = entry
-        else:
+        elif kind == "footer":
+            footer = entry
+        elif kind == "cell":
             prev = cells.get(entry["nodeid"])
             if prev is None or prev["outcome"] == "passed":  # a teardown error overrides a pass
                 cells[entry["nodeid"]] = entry
-    finished = dt.datetime.now(dt.timezone.utc)
+    if footer:
+        finished = dt.datetime.fromisoformat(footer["finished"])
+    else:
+        finished = dt.datetime.fromtimestamp(lines.stat().st_mtime, dt.timezone.utc)
     started = dt.datetime.fromisoformat(header.get("started", finished.isoformat()))
     summary: dict = {"by_outcome": {}, "by_family": {}}
     for cell in cells.values():
@@ -144,13 +178,20 @@ def assemble(lines: Path, complete: bool = False) -> dict:
         fam = summary["by_family"].setdefault(cell["family"], {})
         fam[cell["outcome"]] = fam.get(cell["outcome"], 0) + 1
     return {**header, "finished": finished.isoformat(), "duration_s": (finished - started).total_seconds(),
-            "complete": complete, "summary": summary, "cells": list(cells.values())}
+            "complete": footer is not None and not footer.get("interrupted") and not torn,
+            "exit_status": footer["exit_status"] if footer else None,
+            "summary": summary, "cells": list(cells.values())}
+
+
+def write(report: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
 
 
 def _git_revision() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, text=True,
-                              capture_output=True, timeout=5).stdout.strip() or None
+                              capture_output=True, timeout=5, check=False).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from harness import backends, runner
+from harness import backends, devices, runner, xdist_support
 from harness.external import detect
 from harness.task import Task, takes_ctx
 from harness.verdict import Verdict
@@ -23,7 +23,12 @@ from harness.verdict import Verdict
 MARKER = "distributed"
 
 
+_parser = []  # kept for `-n gpus` when pytest-xdist registers after this plugin
+
+
 def pytest_addoption(parser):
+    _parser[:] = [parser]
+    xdist_support.teach_gpus(parser)
     group = parser.getgroup("shardcheck", "shardcheck harness: running test bodies on N ranks")
     group.addoption("--backend", default=os.environ.get("SHARDCHECK_BACKEND", "gloo"),
                     help="gloo (CPU processes), nccl (CUDA processes) or threaded (ranks as threads); "
@@ -40,6 +45,11 @@ def pytest_addoption(parser):
                     help="comma-separated world sizes to keep, e.g. 2,4 (others are deselected).")
 
 
+def pytest_plugin_registered(plugin, manager):
+    if _parser:
+        xdist_support.teach_gpus(_parser[0])
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"{MARKER}(world_size=2, backend=None, timeout=None): run the test body on "
@@ -54,6 +64,8 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config._shardcheck_launch_env = detect()
     config._shardcheck_main_pid = os.getpid()
+    if not hasattr(config, "workerinput"):  # the controller; xdist workers inherit its environment
+        devices.prepare()
 
 
 @pytest.hookimpl(trylast=True)
@@ -70,7 +82,9 @@ def pytest_sessionstart(session):
 def pytest_report_header(config):
     launch = config._shardcheck_launch_env
     where = f"{launch.launcher} rank {launch.rank}/{launch.world_size}" if launch else config.getoption("launch")
-    return f"shardcheck harness: backend={','.join(config._shardcheck_backends)} launch={where}"
+    lines = [f"shardcheck harness: backend={','.join(config._shardcheck_backends)} launch={where}"]
+    gpus = xdist_support.header_line()
+    return lines + [gpus] if gpus else lines
 
 
 @pytest.fixture
@@ -213,8 +227,16 @@ def pytest_pyfunc_call(pyfuncitem):
     mode = ("external" if launch else "thread" if backend == "threaded"
             else pyfuncitem.config.getoption("launch"))
     try:
-        verdict = runner.run_task(task, ws, backend, mode, _deadline(pyfuncitem))
-    except backends.HarnessUsageError as exc:
+        if devices.leasing_applies(backend, mode):
+            visible = len(devices.visible_devices())
+            if ws > visible:
+                pytest.skip(f"needs {ws} devices; {visible} visible")
+            with devices.lease(ws, pyfuncitem.config.getoption("rank_timeout"),
+                               prefer=runner.pool_devices(ws, backend)) as leased:
+                verdict = runner.run_task(task, ws, backend, mode, _deadline(pyfuncitem), leased)
+        else:
+            verdict = runner.run_task(task, ws, backend, mode, _deadline(pyfuncitem))
+    except (backends.HarnessUsageError, devices.LeaseTimeout) as exc:
         verdict = Verdict("failed", str(exc), [])
     for key, per_rank in verdict.records():
         pyfuncitem.user_properties.append((key, per_rank))

@@ -43,8 +43,9 @@ class PoolStartError(RuntimeError):
 
 class RankPool:
     def __init__(self, world_size: int, backend: str, method: str = "fork", mode: str = "pool",
-                 pg_timeout_s: float = 1800.0):
+                 pg_timeout_s: float = 1800.0, devices: list[str] | None = None):
         self.world_size, self.backend, self.method, self.mode = world_size, backend, method, mode
+        self.devices = devices  # leased device ids (harness.devices): each rank's CUDA_VISIBLE_DEVICES
         self.owner_pid = os.getpid()
         self.broken = False
         self.tmpdir = tempfile.mkdtemp(prefix="shardcheck-pool-")
@@ -59,7 +60,7 @@ class RankPool:
             proc = context.Process(
                 target=rank_main, name=f"shardcheck-rank{rank}", daemon=True,
                 args=(rank, world_size, backend, store_path, child_end, self.owner_pid, stack_path,
-                      pg_timeout_s, mode))
+                      pg_timeout_s, mode, ",".join(devices) if devices is not None else None))
             proc.start()
             child_end.close()
             self.procs.append(proc)

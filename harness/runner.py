@@ -23,7 +23,7 @@ _pools_pid = os.getpid()
 _external = None
 
 
-def _pool(world_size: int, backend: str) -> RankPool:
+def _pool(world_size: int, backend: str, devices: list[str] | None = None) -> RankPool:
     global _pools, _pools_pid
     if _pools_pid != os.getpid():  # forked (pytest-forked): the inherited pools belong to the parent
         _pools, _pools_pid = {}, os.getpid()
@@ -32,14 +32,24 @@ def _pool(world_size: int, backend: str) -> RankPool:
     if pool is not None and not pool.usable:
         pool.kill()
         pool = None
+    elif pool is not None and pool.devices != devices:  # this test leased other devices: rebuild
+        pool.shutdown()
+        pool = None
     if pool is None:
         while len(_pools) >= MAX_LIVE_POOLS:  # on 2 cores, idle pools cost memory, not time
             _pools.pop(next(iter(_pools))).shutdown()
         _pools.pop(key, None)
-        pool = _pools[key] = RankPool(world_size, backend, method=backends.start_method(backend))
+        pool = _pools[key] = RankPool(world_size, backend, method=backends.start_method(backend),
+                                      devices=devices)
     else:
         _pools[key] = _pools.pop(key)  # most recently used last
     return pool
+
+
+def pool_devices(world_size: int, backend: str) -> list[str] | None:
+    """The devices the live pool for (world size, backend) sits on: leased first when free."""
+    pool = _pools.get((world_size, backend)) if _pools_pid == os.getpid() else None
+    return pool.devices if pool is not None else None
 
 
 def shutdown_pools() -> None:
@@ -72,7 +82,8 @@ def leave_external_world() -> None:
 
 
 def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "pool",
-             timeout: float = 300.0) -> Verdict:
+             timeout: float = 300.0, devices: list[str] | None = None) -> Verdict:
+    """`devices`: the ids leased for this test (harness.devices); the ranks see only those."""
     backends.check_backend(backend)
     backends.check_world_size(world_size)
     if mode not in MODES:
@@ -99,12 +110,12 @@ def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "po
         return decide(external_world(launch, backend, timeout).run(task, world_size))
     try:
         if mode == "spawn":
-            pool = RankPool(world_size, backend, method="spawn", mode="spawn")
+            pool = RankPool(world_size, backend, method="spawn", mode="spawn", devices=devices)
             try:
                 return decide(pool.run(task, timeout))
             finally:
                 pool.shutdown()
-        return decide(_pool(world_size, backend).run(task, timeout))
+        return decide(_pool(world_size, backend, devices).run(task, timeout))
     except PoolStartError as exc:
         return decide([RankResult(0, "failed", f"could not start the ranks: {exc}")])
 

@@ -38,7 +38,10 @@ def _die_with(owner_pid: int) -> None:
 
 
 def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, owner_pid: int,
-              stack_path: str, pg_timeout_s: float, mode: str = "pool") -> None:
+              stack_path: str, pg_timeout_s: float, mode: str = "pool",
+              visible_devices: str | None = None) -> None:
+    if visible_devices is not None:  # the leased devices, before anything initialises CUDA here
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     _die_with(owner_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stack_file = open(stack_path, "w")

@@ -125,6 +125,12 @@ def predivide_factor(world_size: int) -> float:
     return float(factor)
 
 
+def divide_factors(world_size: int) -> tuple[float, float]:
+    """``(pre, post)`` with ``pre * post = world_size``: ``pre = predivide_factor(world_size)``."""
+    pre = predivide_factor(world_size)
+    return pre, world_size / pre
+
+
 def average_gradient(flat: torch.Tensor, shard_group, replicate_group) -> torch.Tensor:
     """Average the ``[sws * S]`` local gradient buffer over all data-parallel ranks.
 
@@ -134,8 +140,7 @@ def average_gradient(flat: torch.Tensor, shard_group, replicate_group) -> torch.
     ``(1 / (sws * rws)) * sum over all ranks`` of its ``[S]`` slice of the buffer.
     """
     sws, rws = group_size(shard_group), group_size(replicate_group)
-    pre = predivide_factor(sws * rws)
-    post = sws * rws / pre
+    pre, post = divide_factors(sws * rws)
     if pre > 1:
         flat = flat / pre
     if sws > 1:

@@ -44,7 +44,7 @@ class _TwoLinear(nn.Module):
         return self.lin2(self.lin1(x))
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires("full_shard", "nested_units")
 def test_non_root(ctx, impl):
     """clip_grad_norm_ on a non-root unit is refused."""
@@ -57,7 +57,7 @@ def test_non_root(ctx, impl):
         impl.clip_grad_norm_unit_(model, "lin2", 2)
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(lambda params: {params["strategy"].lower(), "nested_units"})
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
 @pytest.mark.parametrize("norm_type", [1.0, 2.0, INF])
@@ -98,7 +98,7 @@ def _ddp_parity_requires(params):
     return needed
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_ddp_parity_requires)
 @pytest.mark.parametrize("offload", [False, True], ids=["no_offload", "offload"])
 @pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])
@@ -183,7 +183,7 @@ def _low_precision_requires(params):
     return needed
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_low_precision_requires)
 @pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
@@ -221,7 +221,7 @@ def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy, use_orig_
     _assert_clipped(full_before, _copy(impl.full_grads(model)), max_norm, norm_type, "full")
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(lambda params: {"shard_grad_op", "mixed_precision"}
                       | (set() if params["use_orig_params"] else {"orig_params_toggle"}))
 @pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])

@@ -144,7 +144,7 @@ def _clip_parity_loop(ctx, impl, layout: str, max_norm: float, norm_type: float,
                 p.copy_(full_params[name])
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires("full_shard", "nested_units")
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, INF])
 def test_clip_grad_norm_1d(ctx, impl, norm_type):
@@ -158,7 +158,7 @@ def test_clip_grad_norm_2d(ctx, impl, norm_type):
     _clip_parity_loop(ctx, impl, "2d", max_norm=0.5, norm_type=norm_type)
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires("full_shard", "nested_units", "dtensor_grads")
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, INF])
 def test_clip_grad_norm_comm_count_1d(ctx, impl, norm_type):

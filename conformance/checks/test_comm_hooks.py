@@ -89,7 +89,7 @@ def _dummy_hook(strategy: str):
 
 # ---------------------------------------------------------------------------------------------
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_caps)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_default_communication_hook_behavior(ctx, impl, strategy):
@@ -113,7 +113,7 @@ def test_default_communication_hook_behavior(ctx, impl, strategy):
         assert_close(ctx, impl.full_grads(model), {"weight": torch.full((ws, 1), expected)}, f"grad it {it}")
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_caps)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("has_wrapping", [True, False], ids=["wrapped", "root_only"])
@@ -130,7 +130,7 @@ def test_default_communication_hook_initialization(ctx, impl, has_wrapping, stra
         assert unit_hook == hook and unit_state is state, (unit_hook, unit_state)
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(lambda params: _caps({**params, "has_wrapping": True}))
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("when", ["after_forward", "before_forward"])
@@ -183,7 +183,7 @@ def counting_hook(state: CountingState, grad: torch.Tensor, output: torch.Tensor
         output.mul_(state.factor / ws)
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(lambda params: _caps({**params, "has_wrapping": True}))
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("factor", [1.0, 2.0], ids=["mean", "doubled"])
@@ -217,7 +217,7 @@ def test_custom_hook_called(ctx, impl, strategy, factor):
 
 # ---------------------------------------------------------------------------------------------
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_caps)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("has_wrapping", [True, False], ids=["wrapped", "root_only"])

@@ -146,7 +146,7 @@ def _train_parity(ctx, impl, ref, model, spec, iters, calls):
     ctx.record("hook_calls", {k: v for k, v in calls.items() if k != "param_dtypes"})
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.parametrize("signature", ["5", "legacy"])
 @pytest.mark.parametrize("reshard_after_forward", [True, False])
 def test_train_parity(ctx, impl, reshard_after_forward, signature):
@@ -175,7 +175,7 @@ def test_uneven_shards(ctx, impl, rows):
     _train_parity(ctx, impl, ref, model, ShardSpec(mesh=ctx.mesh()), 3, calls)
 
 
-@distributed(world_size=2, timeout=15)
+@distributed(world_size=[2, 4], timeout=15)
 @pytest.mark.parametrize("wrong_on", ["last_rank", "every_rank"])
 def test_wrong_size_raises_on_every_rank(ctx, impl, wrong_on):
     """A pre hook returning too many rows must raise on EVERY rank; none may hang in the all-gather."""
@@ -193,7 +193,7 @@ def test_wrong_size_raises_on_every_rank(ctx, impl, wrong_on):
     ctx.record("raised", {"what": "raised", "type": type(info.value).__name__, "msg": str(info.value)[:200]})
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.parametrize("reshard_after_forward", [True, False])
 @pytest.mark.requires("meta_init", "mixed_precision")
 def test_meta_init_end_to_end(ctx, impl, reshard_after_forward):
@@ -235,7 +235,7 @@ def _round_bf16(model: nn.Module, inp: torch.Tensor) -> torch.Tensor:
     return torch.func.functional_call(model, params, (inp,))
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.parametrize("signature", ["5", "legacy"])
 @pytest.mark.requires("meta_init")
 def test_monkey_patch(ctx, impl, signature):

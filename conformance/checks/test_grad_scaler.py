@@ -79,7 +79,7 @@ def _scaler(impl, ctx, **kwargs):
 # every rank of a 2-rank group runs them (the step check then also exercises the found_inf sync).
 # ---------------------------------------------------------------------------------------------
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires("sharded_grad_scaler")
 def test_grad_scaling(ctx, impl):
     scaler = _scaler(impl, ctx, init_scale=2.0)
@@ -92,7 +92,7 @@ def test_grad_scaling(ctx, impl):
     assert scaler._scale.device == t1.device, (scaler._scale.device, t1.device)
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires("sharded_grad_scaler")
 def test_scaling_unscaling_sparse(ctx, impl):
     dev = ctx.device
@@ -129,7 +129,7 @@ def test_scaling_unscaling_sparse(ctx, impl):
     assert found.item() == 1.0, found
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires("sharded_grad_scaler")
 def test_inf_gradients_skip_optim_step(ctx, impl):
     scaler = _scaler(impl, ctx, init_scale=2.0)
@@ -177,6 +177,9 @@ def _parity_caps(params):
 PARITY_STEPS = 5
 
 
+# World size 2 only (the seed's). At 4, the fp16 cells on the threaded group fail by a few fp16 ulps:
+# its all_reduce (this check's reference) and reduce_scatter (the candidate's) sum fp16 in different
+# orders, so exact emulation breaks; the right fp16 tolerance for reduced gradients is still open.
 @distributed(world_size=2)
 @pytest.mark.requires.with_args(_parity_caps)
 @pytest.mark.parametrize("offload,strategy,mp,use_orig_params", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
@@ -276,7 +279,7 @@ def _found_inf_caps(params):
     return {"sharded_grad_scaler", "nested_units", "full_shard"} | ({"cpu_offload"} if params["offload"] else set())
 
 
-@distributed(world_size=2)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_found_inf_caps)
 @pytest.mark.parametrize("offload", [True, False], ids=["offload_true", "offload_false"])
 @pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat_params", "use_orig_params"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from conformance.mutants._base import MutantAdapter, replace
@@ -20,29 +19,6 @@ def _sharding():
     return importlib.import_module("reference_impl.sharding")
 
 
-def _average_with(pre_post):
-    """``collectives.average_gradient`` with the divide factors chosen by ``pre_post(W) -> (pre, post)``."""
-    C = _collectives()
-
-    def average_gradient(flat, shard_group, replicate_group):
-        sws, rws = C.group_size(shard_group), C.group_size(replicate_group)
-        pre, post = pre_post(sws * rws)
-        if pre != 1:
-            flat = flat / pre
-        if sws > 1:
-            out = torch.empty(flat.numel() // sws, dtype=flat.dtype, device=flat.device)
-            dist.reduce_scatter_single(out, flat, group=shard_group)
-        else:
-            out = flat
-        if rws > 1:
-            dist.all_reduce(out, group=replicate_group)
-        if post != 1:
-            out.div_(post)
-        return out
-
-    return average_gradient
-
-
 class GradDivideTwice(MutantAdapter):
     """Gradient divided by the world size twice over: the pre-divide factor ``f`` is applied, and
     then the post-divide by the full ``W`` instead of ``W / f`` (pre/post divide bookkeeping bug), so
@@ -54,7 +30,7 @@ class GradDivideTwice(MutantAdapter):
 
     def patch(self) -> None:
         C = _collectives()
-        replace(C, "average_gradient", _average_with(lambda ws: (C.predivide_factor(ws), float(ws))))
+        replace(C, "divide_factors", lambda ws: (C.predivide_factor(ws), float(ws)))
 
 
 class GradNotAveraged(MutantAdapter):
@@ -67,7 +43,7 @@ class GradNotAveraged(MutantAdapter):
 
     def patch(self) -> None:
         C = _collectives()
-        replace(C, "average_gradient", _average_with(lambda ws: (1.0, 1.0)))
+        replace(C, "divide_factors", lambda ws: (1.0, 1.0))
 
 
 class ReduceInParamDtype(MutantAdapter):

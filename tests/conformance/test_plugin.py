@@ -30,6 +30,11 @@ def test_supported(ctx, impl, x):
 @pytest.mark.requires("cpu_offload")
 def test_needs_offload(ctx, impl):
     pass
+
+@distributed(world_size=2)
+def test_raises_unsupported_on_ranks(ctx, impl):
+    from conformance.adapter import Unsupported
+    raise Unsupported("the adapter has no such method")
 '''
 
 
@@ -54,11 +59,11 @@ repro = "assert 2 == 1"
 def test_unsupported_is_its_own_status_and_known_failures_are_xfails(tmp_path):
     code, out = _session(tmp_path, KNOWN, "--shardcheck-report", "r.json")
     assert code == 0, out
-    assert "1 passed, 1 xfailed, 1 unsupported" in out
+    assert "1 passed, 1 xfailed, 2 unsupported" in out
     report = json.loads((tmp_path / "r.json").read_text())
     outcomes = {c["check"] + str(c["params"].get("x", "")): c["outcome"] for c in report["cells"]}
     assert outcomes == {"test_supported1": "passed", "test_supported2": "xfailed",
-                        "test_needs_offload": "unsupported"}
+                        "test_needs_offload": "unsupported", "test_raises_unsupported_on_ranks": "unsupported"}
     assert report["complete"] and report["schema_version"] == 1
     assert report["implementations"][0]["name"] == "fake"
     cell = next(c for c in report["cells"] if c["params"].get("x") == 1)

@@ -1,0 +1,159 @@
+"""Progress of a `shardcheck run` (a pytest plugin the command registers; not an entry point).
+
+On a terminal: a rich progress bar (cells done / total, failures so far, elapsed) replaces
+pytest's per-test letters. Elsewhere (CI logs, pipes): a plain line every `every` cells or
+`interval_s` seconds, e.g. `[  120/  525] 3 failed, 40 unsupported, 35 s`. At the end,
+`print_summary()` prints a families x outcomes table. Works under pytest-xdist: the controller
+sees every worker's reports, and learns the total from the workers' collection.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+
+import pytest
+from rich.console import Console
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from conformance.reporting import family_of, outcome_of
+
+OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "unsupported", "skipped")
+BAD = ("failed", "error")  # what makes a run fail; xfailed and unsupported do not
+
+
+def _console() -> Console:
+    """A console on a duplicate of the real stdout: pytest's fd capture swaps fd 1 while a test
+    runs, and the live display refreshes from a thread at any time."""
+    try:
+        stream = open(os.dup(sys.stdout.fileno()), "w", buffering=1, closefd=True)  # noqa: SIM115
+    except (AttributeError, OSError, ValueError):  # no real fd (stdout replaced, e.g. in-process)
+        stream = sys.stdout
+    return Console(file=stream, highlight=False)
+
+
+class RunProgress:
+    def __init__(self, console: Console | None = None, every: int = 50, interval_s: float = 10.0):
+        self.console = console or _console()
+        self.live_mode = self.console.is_terminal
+        self.every, self.interval_s = every, interval_s
+        self.total = 0
+        self.cells: dict[str, str] = {}  # nodeid -> outcome so far, until its teardown
+        self.done: Counter[tuple[str, str]] = Counter()  # (family, outcome) of finished cells
+        self.started = time.monotonic()
+        self._last_line = (0, self.started)
+        self._live: Live | None = None  # started with the first finished cell
+        self._bar = Progress(TextColumn("shardcheck"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=self.console)
+        self._task = self._bar.add_task("cells", total=None, status="")  # elapsed counts from now
+
+    # ---- pytest hooks ----------------------------------------------------------------------
+
+    def pytest_collection_finish(self, session):
+        self.total = len(session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self.total = max(self.total, len(ids))  # every worker collects the whole session
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_report_teststatus(self, report, config):
+        """Keep pytest's category and word (its summary counts them), drop the per-test letter."""
+        outcome = yield
+        result = outcome.get_result()
+        if result:
+            category, _letter, word = result
+            outcome.force_result((category, "", word))
+
+    def pytest_runtest_logreport(self, report):
+        outcome = outcome_of(report)  # the same rule as the report: a teardown error overrides a pass
+        if (outcome is not None and not (report.when == "teardown" and outcome == "skipped")
+                and self.cells.get(report.nodeid) in (None, "passed")):
+            self.cells[report.nodeid] = outcome
+        if report.when in ("setup", "call"):
+            return  # a cell is done with its teardown (or a crash report: when == "???")
+        self.done[(family_of(report.nodeid), self.cells.pop(report.nodeid, "error"))] += 1
+        self._show()
+
+    def pytest_sessionfinish(self, session):
+        self.stop()
+
+    # ---- display ---------------------------------------------------------------------------
+
+    @property
+    def n_done(self) -> int:
+        return sum(self.done.values())
+
+    def by_outcome(self) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for (_family, outcome), n in self.done.items():
+            counts[outcome] += n
+        return counts
+
+    @property
+    def failed(self) -> bool:
+        counts = self.by_outcome()
+        return any(counts[o] for o in BAD)
+
+    def status(self) -> str:
+        counts = self.by_outcome()
+        shown = [f"{counts[o]} {o}" for o in BAD + ("unsupported", "xfailed", "xpassed") if counts[o]]
+        return ", ".join(shown) or "no failures"
+
+    def line(self) -> str:
+        width = len(str(max(self.total, self.n_done)))
+        return (f"[{self.n_done:>{width + 2}}/{self.total:>{width + 2}}] {self.status()}, "
+                f"{time.monotonic() - self.started:.0f} s")
+
+    def _show(self) -> None:
+        if self.live_mode:
+            if self._live is None:
+                self._live = Live(self._bar, console=self.console, refresh_per_second=4,
+                                  redirect_stdout=False, redirect_stderr=False)
+                self._live.start()
+            self._bar.update(self._task, completed=self.n_done, total=max(self.total, self.n_done) or None,
+                             status=self.status())
+            return
+        now = time.monotonic()
+        last_n, last_t = self._last_line
+        if self.n_done - last_n >= self.every or now - last_t >= self.interval_s or self.n_done == self.total:
+            self._last_line = (self.n_done, now)
+            self.console.print(self.line(), markup=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def summary_table(self) -> Table:
+        families = sorted({f for f, _ in self.done})
+        columns = [o for o in OUTCOMES if any(self.done[(f, o)] for f in families)]
+        table = Table(title=f"shardcheck: {self.n_done} cells, {time.monotonic() - self.started:.0f} s")
+        table.add_column("family")
+        for outcome in columns:
+            table.add_column(outcome, justify="right", style="red" if outcome in BAD else None)
+        table.add_column("total", justify="right")
+        for family in families:
+            row = [self.done[(family, o)] for o in columns]
+            table.add_row(family, *map(str, row), str(sum(row)))
+        totals = [sum(self.done[(f, o)] for f in families) for o in columns]
+        table.add_section()
+        table.add_row("all", *map(str, totals), str(sum(totals)))
+        return table
+
+    def print_summary(self) -> None:
+        self.console.print(self.summary_table())
+
+    def exit_code(self, pytest_code: int) -> int:
+        """pytest's code, except that a run with a failed or errored cell is never 0."""
+        return int(pytest_code) if pytest_code != 0 else int(self.failed)

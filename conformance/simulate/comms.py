@@ -1,0 +1,60 @@
+"""Count the collectives a training step issues, by kind, with their sizes.
+
+A ``TorchDispatchMode`` sees every c10d op (``torch.ops.c10d.*``: what ``dist.all_gather_into_tensor``
+and friends dispatch to) and every functional collective (``torch.ops._c10d_functional.*``: what
+DTensor and compiled code use), whatever Python API issued them.  The size of one call is the
+largest operand group -- the gathered output of an all-gather, the unreduced input of a
+reduce-scatter, the tensor of an all-reduce -- i.e. the *full* (``world_size x shard``) buffer.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+NAMESPACES = ("c10d", "_c10d_functional")
+KINDS = {  # op name prefix (overload stripped) -> kind; first match wins
+    "allgather": "all_gather", "_allgather": "all_gather", "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter": "reduce_scatter",
+    "allreduce": "all_reduce", "all_reduce": "all_reduce",
+    "broadcast": "broadcast", "all_to_all": "all_to_all", "alltoall": "all_to_all",
+}
+IGNORED = ("wait_tensor", "barrier", "monitored_barrier")
+
+
+def kind_of(op_name: str) -> str:
+    for prefix, kind in KINDS.items():
+        if op_name.startswith(prefix):
+            return kind
+    return op_name
+
+
+def _nbytes(tree) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """``with CollectiveCounter() as c: step()`` then ``c.by_kind()`` -> {kind: {count, bytes}}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str, int]] = []  # (kind, op, bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace in NAMESPACES:
+            name = func._schema.name.split("::")[-1]
+            if name not in IGNORED:
+                size = max([_nbytes(a) for a in args] + [_nbytes(out)])
+                self.calls.append((kind_of(name), name, size))
+        return out
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        table: dict[str, dict[str, int]] = defaultdict(lambda: {"count": 0, "bytes": 0})
+        for kind, _, size in self.calls:
+            table[kind]["count"] += 1
+            table[kind]["bytes"] += size
+        return dict(sorted(table.items()))

@@ -1,0 +1,267 @@
+"""Reports: the JSON schema holds for what the writer emits, `shardcheck matrix` renders merged
+reports as Markdown and HTML (checked in a real headless browser where chromium is installed), and
+`shardcheck diff` finds regressions."""
+
+import base64
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from conformance import cli, diff, matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def real_report(tmp_path_factory):
+    """A report written by a real `shardcheck run` on a tiny subset (a few seconds)."""
+    out = tmp_path_factory.mktemp("run") / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--family", "comm_hooks",
+                           "-k", "default_communication_hook_behavior", "--world-sizes", "2", "-o", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+def _cell(impl, check, outcome, family="clip_grad", params="ws2-FULL_SHARD", message=""):
+    return {"nodeid": f"conformance/checks/test_{family}.py::{check}[{impl}-{params}]", "phase": "call",
+            "outcome": outcome, "family": family, "check": check, "impl": impl, "world_size": 2,
+            "params": {"world_size": 2}, "duration_s": 0.01, "message": message,
+            "rank_outcomes": {"0": "passed", "1": "passed"}, "max_abs_err": 0.0, "max_rel_err": None,
+            "tolerances": [[1.3e-06, 1e-05]], "expectation": None}
+
+
+def _report(cells, backends=("gloo",)):
+    """A small hand-made report, schema-valid (test_hand_made_reports_are_valid checks it)."""
+    impls = sorted({c["impl"] for c in cells})
+    return {"schema_version": 1, "suite": {"name": "shardcheck", "version": "0.1.0", "git_revision": None},
+            "started": "2026-01-01T00:00:00+00:00", "finished": "2026-01-01T00:00:01+00:00",
+            "duration_s": 1.0, "complete": True, "exit_status": 0,
+            "implementations": [{"name": i, "selected_as": i, "version": "1", "adapter": "m:A",
+                                 "capabilities": []} for i in impls],
+            "target": {"backends": list(backends), "device_type": "cpu", "device_model": "x86_64",
+                       "world_sizes": "all", "torch": "2.13.0+cpu", "cuda": None, "nccl": None,
+                       "python": "3.11.7", "platform": "Linux", "env": {}},
+            "summary": {"by_outcome": {}, "by_family": {}}, "cells": cells}
+
+
+def _write(tmp_path, name, report):
+    path = tmp_path / name
+    path.write_text(json.dumps(report))
+    return str(path)
+
+
+# ---- schema -----------------------------------------------------------------------------------
+
+def test_schema_is_draft_2020_12_and_versioned():
+    schema = json.loads(matrix.SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["properties"]["schema_version"] == {"const": 1}
+
+
+def test_a_real_report_validates(real_report):
+    jsonschema.validate(real_report, json.loads(matrix.SCHEMA.read_text()),
+                        cls=jsonschema.Draft202012Validator)
+    assert matrix.validate(real_report) is None
+    assert {c["outcome"] for c in real_report["cells"]} == {"passed"} and len(real_report["cells"]) == 3
+
+
+def test_hand_made_reports_are_valid():
+    assert matrix.validate(_report([_cell("a", "test_x", o) for o in matrix.ORDER])) is None
+
+
+def _set(path, value):
+    def mutate(report):
+        *parents, last = path
+        for key in parents:
+            report = report[key]
+        if value is KeyError:
+            del report[last]
+        else:
+            report[last] = value
+    return mutate
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (_set(("cells", 0, "outcome"), "exploded"), "$.cells[0].outcome"),
+    (_set(("cells", 0, "message"), KeyError), "$.cells[0]"),
+    (_set(("target", "env", "AWS_SECRET_ACCESS_KEY"), "x"), "$.target.env"),
+    (_set(("summary", "by_outcome", "passed"), "3"), "$.summary.by_outcome.passed"),
+    (_set(("started",), KeyError), "$"),
+    (_set(("cells", 0, "surprise"), 1), "$.cells[0]"),
+], ids=["bad-outcome", "missing-cell-field", "unlisted-env-variable", "count-not-int",
+        "missing-top-field", "unknown-field"])
+def test_a_mutated_report_fails_validation(real_report, mutate, where):
+    report = copy.deepcopy(real_report)
+    mutate(report)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(report, json.loads(matrix.SCHEMA.read_text()), cls=jsonschema.Draft202012Validator)
+    assert matrix.validate(report).startswith(where + ":")
+
+
+def test_another_schema_version_is_one_clear_line(tmp_path, capsys):
+    path = _write(tmp_path, "v2.json", {**_report([]), "schema_version": 2})
+    assert cli.main(["matrix", path]) == 2
+    err = capsys.readouterr().err
+    assert err == f"shardcheck: {path}: not a shardcheck report: schema version 2; this shardcheck reads version 1\n"
+
+
+def test_unreadable_or_invalid_input_is_one_clear_line(tmp_path, capsys):
+    (tmp_path / "bad.json").write_text("{not json")
+    assert cli.main(["diff", str(tmp_path / "missing.json"), str(tmp_path / "bad.json")]) == 2
+    missing = tmp_path / "missing.json"
+    assert capsys.readouterr().err == f"shardcheck: {missing}: cannot read: No such file or directory\n"
+    assert cli.main(["matrix", str(tmp_path / "bad.json")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+# ---- matrix -----------------------------------------------------------------------------------
+
+def _two_runs(tmp_path):
+    ref = _report([_cell("reference", f"test_c{i}", "passed") for i in range(4)]
+                  + [_cell("reference", "test_h", "passed", family="comm_hooks")])
+    fsdp = _report([_cell("torch-fsdp2", "test_c0", "passed"), _cell("torch-fsdp2", "test_c1", "xfailed"),
+                    _cell("torch-fsdp2", "test_c2", "unsupported"), _cell("torch-fsdp2", "test_c3", "skipped"),
+                    _cell("torch-fsdp2", "test_h", "failed", family="comm_hooks",
+                          message="def test_h(ctx):\n>   assert_close(...)\n"
+                                  "E   AssertionError: grads: 2 mismatch(es)\nE   more"),
+                    _cell("torch-fsdp2", "test_h2", "error", family="comm_hooks", message="rank 1 died: SIGSEGV")])
+    return _write(tmp_path, "ref.json", ref), _write(tmp_path, "fsdp.json", fsdp)
+
+
+def test_rates_leave_out_unsupported_and_skipped_and_count_xfailed_as_not_passed(tmp_path):
+    reports = [matrix.load(p) for p in _two_runs(tmp_path)]
+    families, columns, counts = matrix.tabulate(matrix.merge(reports))
+    assert families == ["clip_grad", "comm_hooks", "all"] and columns == ["reference", "torch-fsdp2"]
+    assert matrix.rate(counts["clip_grad", "reference"]) == 100.0
+    assert matrix.rate(counts["clip_grad", "torch-fsdp2"]) == 50.0  # 1 passed of passed + xfailed
+    assert matrix.rate(counts["comm_hooks", "torch-fsdp2"]) == 0.0
+    assert matrix.rate(counts["all", "torch-fsdp2"]) == 25.0
+
+
+def test_matrix_markdown_on_stdout(tmp_path, capsys):
+    assert cli.main(["matrix", *_two_runs(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| family | reference | torch-fsdp2 |" in out
+    assert ("| clip_grad | **100.0%** 4 passed | **50.0%** 1 passed, 1 xfailed, 1 unsupported, 1 skipped |"
+            in out)
+    assert "| **all** | **100.0%** 5 passed | **25.0%** 1 passed, 1 failed, 1 error, 1 xfailed," in out
+    assert "### Failing cells (2)" in out
+    assert ("| torch-fsdp2 | `test_comm_hooks.py::test_h[ws2-FULL_SHARD]` | AssertionError: grads: 2 mismatch(es) |"
+            in out)
+    assert "| torch-fsdp2 | `test_comm_hooks.py::test_h2[ws2-FULL_SHARD]` | rank 1 died: SIGSEGV |" in out
+
+
+def test_same_impl_on_two_backends_gets_two_columns_and_a_rerun_replaces_a_cell(tmp_path):
+    gloo = _report([_cell("reference", "test_c0", "failed")])
+    gloo_rerun = _report([_cell("reference", "test_c0", "passed")])
+    threaded = _report([_cell("reference", "test_c0", "passed")], backends=("threaded",))
+    cells = matrix.merge([gloo, gloo_rerun, threaded])
+    assert {k: c["outcome"] for k, c in cells.items()} == {
+        ("reference (gloo)", "test_clip_grad.py::test_c0[ws2-FULL_SHARD]"): "passed",
+        ("reference (threaded)", "test_clip_grad.py::test_c0[ws2-FULL_SHARD]"): "passed"}
+
+
+@pytest.mark.parametrize("nodeid, selected_as, expected", [
+    ("d/test_f.py::test_x[myimpl-ws2-A]", "myimpl", "test_f.py::test_x[ws2-A]"),
+    ("d/test_f.py::test_x[ws2-myimpl-A]", "myimpl", "test_f.py::test_x[ws2-A]"),
+    ("d/test_f.py::test_x[ws2-myimpl]", "myimpl", "test_f.py::test_x[ws2]"),
+    ("d/test_f.py::test_x[pkg.mod:Cls]", "pkg.mod:Cls", "test_f.py::test_x"),
+    ("d/test_f.py::test_plain", "myimpl", "test_f.py::test_plain"),
+])
+def test_cell_id_drops_the_implementation_like_the_manifests(nodeid, selected_as, expected):
+    report = _report([])
+    report["implementations"] = [{"name": "fake", "selected_as": selected_as}]
+    assert matrix.cell_id(report, {"nodeid": nodeid, "impl": "fake"}) == expected
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.images = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "img":
+            self.images.append(dict(attrs))
+
+
+def test_matrix_html_is_self_contained_with_table_and_chart(tmp_path):
+    out = tmp_path / "m" / "matrix.html"
+    assert cli.main(["matrix", *_two_runs(tmp_path), "--html", str(out)]) == 0
+    page = _Page()
+    page.feed(out.read_text())
+    assert page.tags.count("table") == 2 and "style" in page.tags  # matrix + failing cells, inline CSS
+    assert "link" not in page.tags and "script" not in page.tags  # nothing fetched
+    [img] = page.images
+    assert img["src"].startswith("data:image/png;base64,")
+    assert base64.b64decode(img["src"].split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert "AssertionError: grads: 2 mismatch(es)" in out.read_text()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_matrix_html_renders_in_a_headless_browser(tmp_path):
+    page = tmp_path / "matrix.html"
+    assert cli.main(["matrix", *_two_runs(tmp_path), "--html", str(page)]) == 0
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run",
+               f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,900"]
+    dom = subprocess.run(browser + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60)
+    assert "<table class=\"matrix\">" in dom.stdout and "data:image/png;base64," in dom.stdout, dom.stderr
+    shot = tmp_path / "shot.png"
+    subprocess.run(browser + [f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[:2] == (900, 1200)
+    assert len({tuple(p) for p in pixels[::7, ::7].reshape(-1, pixels.shape[2]).tolist()}) > 20  # not blank
+
+
+# ---- diff -------------------------------------------------------------------------------------
+
+def _old_new(tmp_path):
+    old = _report([_cell("a", "test_keep", "passed"), _cell("a", "test_breaks", "passed"),
+                   _cell("a", "test_known", "xfailed"), _cell("a", "test_fixed", "failed"),
+                   _cell("a", "test_dropped_cap", "passed"), _cell("a", "test_gone", "passed")])
+    new = _report([_cell("a", "test_keep", "passed"), _cell("a", "test_breaks", "failed", message="E   boom"),
+                   _cell("a", "test_known", "error", message="rank 0 hung"), _cell("a", "test_fixed", "passed"),
+                   _cell("a", "test_dropped_cap", "unsupported"), _cell("a", "test_new", "failed")])
+    return _write(tmp_path, "old.json", old), _write(tmp_path, "new.json", new)
+
+
+def test_diff_buckets_every_change(tmp_path):
+    old, new = (matrix.load(p) for p in _old_new(tmp_path))
+    changes = {(c.kind, c.cell.split("::")[1].split("[")[0], c.old, c.new) for c in diff.diff(old, new)}
+    assert changes == {("regressed", "test_breaks", "passed", "failed"),
+                       ("regressed", "test_known", "xfailed", "error"),
+                       ("fixed", "test_fixed", "failed", "passed"),
+                       ("changed", "test_dropped_cap", "passed", "unsupported"),
+                       ("appeared", "test_new", None, "failed"),
+                       ("vanished", "test_gone", "passed", None)}
+
+
+def test_diff_exits_1_on_a_regression_and_prints_the_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["diff", *_old_new(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "test_clip_grad.py::test_breaks[ws2-FULL_SHARD]" in out and "boom" in out
+    assert out.rstrip().endswith("2 regressed, 1 fixed, 1 changed, 1 appeared, 1 vanished")
+
+
+def test_diff_exits_0_without_regression(tmp_path, capsys):
+    old = _write(tmp_path, "old.json", _report([_cell("a", "test_x", "failed"), _cell("a", "test_y", "passed")]))
+    new = _write(tmp_path, "new.json", _report([_cell("a", "test_x", "passed"), _cell("a", "test_z", "failed")]))
+    assert cli.main(["diff", old, new]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("0 regressed, 1 fixed, 0 changed, 1 appeared, 1 vanished")
+    assert cli.main(["diff", old, old]) == 0

@@ -1,0 +1,179 @@
+"""`shardcheck run` and `shardcheck report assemble`: progress on a terminal and in logs, a summary
+table, the exit code, one merged report under pytest-xdist, a killed run's report rebuilt from its
+stream, and no environment variable recorded unless it is named."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from conformance import cli, reporting
+from conformance.progress import RunProgress
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDCHECK = [sys.executable, "-m", "conformance.cli"]
+TWO_CELLS = ("--world-sizes", "2", "-k", ("test_default_communication_hook_behavior and NO_SHARD"
+                                         " or test_custom_hook_called and mean and NO_SHARD"))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SHARDCHECK, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_failed_cell_fails_the_run_and_xdist_workers_make_one_report(tmp_path):
+    out = tmp_path / "x.json"
+    proc = _run("run", "--family", "comm_hooks", "--backend", "threaded", *TWO_CELLS,
+                "--impl", "conformance.mutants:CommHookIgnored", "-o", str(out), "--", "-n", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"^\[ +2/ +2\] 1 failed, \d+ s$", proc.stdout, re.MULTILINE), proc.stdout
+    assert not re.search(r"^[.FEsxXU]+$", proc.stdout, re.MULTILINE), "pytest's per-test letters are not shown"
+    assert re.search(r"comm_hooks +│ +1 │ +1 │ +2 │", proc.stdout), proc.stdout  # families x outcomes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.jsonl"]  # no per-worker report
+    kinds = [entry["kind"] for entry in _lines(tmp_path / "x.jsonl")]
+    assert kinds == ["header", "cell", "cell", "footer"]  # both workers' cells, streamed by the controller
+    report = json.loads(out.read_text())
+    cells = {c["check"]: c for c in report["cells"]}
+    assert {c: cells[c]["outcome"] for c in cells} == {"test_default_communication_hook_behavior": "passed",
+                                                      "test_custom_hook_called": "failed"}
+    hooked = cells["test_custom_hook_called"]  # params and rank records survived xdist's serialisation
+    assert hooked["impl"] == "mutant-comm-hook-ignored"
+    assert hooked["params"] == {"world_size": 2, "factor": 1.0, "strategy": "NO_SHARD"}
+    assert hooked["world_size"] == 2
+    assert hooked["rank_outcomes"] == {"0": "failed", "1": "failed"}
+    assert "hook called 0 times" in hooked["message"]
+    assert report["complete"] and report["exit_status"] == 1
+
+
+def test_killed_run_is_assembled_from_its_stream(tmp_path):
+    out = tmp_path / "k.json"
+    stream = tmp_path / "k.jsonl"
+    proc = subprocess.Popen([*SHARDCHECK, "run", "--family", "comm_hooks", "-o", str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (stream.exists() and '"kind": "cell"' in stream.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first cell"
+            time.sleep(0.02)
+        proc.kill()  # SIGKILL: no sessionfinish, no footer
+        proc.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # rank processes of the run, if any outlived it
+        except ProcessLookupError:
+            pass
+    assert not out.exists()
+    kinds = [e["kind"] for e in _lines(stream)]
+    assert kinds[0] == "header" and "cell" in kinds and "footer" not in kinds
+    streamed = [e for e in _lines(stream) if e["kind"] == "cell"]
+
+    assert cli.main(["report", "assemble", str(stream)]) == 0
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and report["exit_status"] is None
+    assert [c["nodeid"] for c in report["cells"]] == [c["nodeid"] for c in streamed]
+    assert report["implementations"][0]["name"] == "reference"
+    assert sum(report["summary"]["by_outcome"].values()) == len(streamed)
+
+
+def test_assemble_tells_a_finished_stream_from_a_torn_or_stopped_one(tmp_path, capsys):
+    header = {"kind": "header", "schema_version": 1, "started": "2026-01-01T00:00:00+00:00"}
+    cell = {"kind": "cell", "nodeid": "t.py::c", "outcome": "passed", "family": "t"}
+    footer = {"kind": "footer", "finished": "2026-01-01T00:00:10+00:00", "exit_status": 0,
+              "interrupted": False}
+    stream = tmp_path / "s.jsonl"
+    for lines, complete in [([header, cell, footer], True), ([header, cell], False),
+                            ([header, cell, {**footer, "interrupted": True, "exit_status": 2}], False)]:
+        stream.write_text("".join(json.dumps(e) + "\n" for e in lines))
+        assert reporting.assemble(stream)["complete"] is complete
+    stream.write_text("".join(json.dumps(e) + "\n" for e in [header, cell, footer]) + '{"kind": "ce')
+    report = reporting.assemble(stream)
+    assert report["complete"] is False and len(report["cells"]) == 1  # a line cut short by a crash
+    assert report["duration_s"] == 10.0 and report["exit_status"] == 0  # from the footer
+
+    assert cli.main(["report", "assemble", str(stream), "-o", str(tmp_path / "out.json")]) == 0
+    assert "1 cells, complete: false" in capsys.readouterr().out
+    assert cli.main(["report", "assemble", str(tmp_path / "missing.jsonl")]) == 2
+    assert capsys.readouterr().err.strip() == f"shardcheck: no such file: {tmp_path / 'missing.jsonl'}"
+
+
+def test_usage_errors_pass_through_as_one_line(tmp_path):
+    proc = _run("run", "--family", "comm_hooks", "--impl", "nope", "-o", str(tmp_path / "u.json"))
+    assert proc.returncode == 4
+    assert "unknown implementation 'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_progress_bar_on_a_terminal_and_no_unnamed_variable_recorded(tmp_path):
+    try:
+        master, slave = pty.openpty()
+    except OSError:
+        pytest.skip("no pseudo-terminal on this machine")
+    proc = subprocess.Popen([*SHARDCHECK, "run", "--family", "comm_hooks", *TWO_CELLS, "-o",
+                             str(tmp_path / "t.json")], cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
+                            env={**os.environ, "COLUMNS": "100", "TERM": "xterm",
+                                 "SECRET_TOKEN": "hunter2-do-not-record", "SLURM_JOB_ID": "4242"})
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", output.decode())
+    assert re.search(r"shardcheck ━+ 2/2 no failures \d:\d\d:\d\d", text), text
+    assert re.search(r"comm_hooks +│ +2 │ +2 │", text), text  # families x outcomes
+    report = json.loads((tmp_path / "t.json").read_text())
+    assert report["complete"] and report["exit_status"] == 0
+    assert report["summary"]["by_outcome"] == {"passed": 2}
+    assert report["target"]["env"] == {"SLURM_JOB_ID": "4242"}  # named variables only
+    for path in (tmp_path / "t.json", tmp_path / "t.jsonl"):
+        assert "hunter2" not in path.read_text() and "SECRET_TOKEN" not in path.read_text()
+
+
+def _feed(progress: RunProgress, nodeid: str, *phases: tuple) -> None:
+    """Phase reports (when, outcome[, longrepr[, extra attributes]]) of one cell, as pytest makes them."""
+    for when, outcome, longrepr, extra in (phase + (None, {})[len(phase) - 2:] for phase in phases):
+        rep = pytest.TestReport(f"conformance/checks/{nodeid}", ("t.py", 0, nodeid), {}, outcome,
+                                longrepr, when)
+        rep.__dict__.update(extra)
+        progress.pytest_runtest_logreport(rep)
+
+
+def test_progress_counts_cells_and_only_failures_and_errors_fail_the_run():
+    buffer = io.StringIO()
+    progress = RunProgress(console=Console(file=buffer, width=120), every=2, interval_s=3600)
+    progress.total = 4
+    ok = [("setup", "passed"), ("call", "passed"), ("teardown", "passed")]
+    _feed(progress, "test_a.py::pass", *ok)
+    _feed(progress, "test_a.py::xfail", ("setup", "passed"), ("call", "skipped", None, {"wasxfail": "known"}),
+          ("teardown", "passed"))
+    _feed(progress, "test_b.py::unsupported", ("setup", "skipped", "unsupported: no offload"),
+          ("teardown", "passed"))
+    assert progress.exit_code(0) == 0 and progress.exit_code(4) == 4
+    _feed(progress, "test_b.py::teardown_error", ("setup", "passed"), ("call", "passed"),
+          ("teardown", "failed", "boom"))
+    assert progress.by_outcome() == {"passed": 1, "xfailed": 1, "unsupported": 1, "error": 1}
+    assert progress.exit_code(0) == 1 and progress.exit_code(1) == 1
+    assert buffer.getvalue().splitlines() == ["[  2/  4] 1 xfailed, 0 s",
+                                              "[  4/  4] 1 error, 1 unsupported, 1 xfailed, 0 s"]
+    progress.print_summary()
+    assert re.search(r"│ b +│ +0 │ +1 │ +0 │ +1 │ +2 │", buffer.getvalue()), buffer.getvalue()

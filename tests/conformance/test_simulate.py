@@ -1,0 +1,110 @@
+"""`shardcheck simulate`: shard arithmetic at large world sizes, in one process (fake group, meta)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conformance import cli
+from conformance.simulate import default_ranks, simulate, simulate_rank
+from conformance.simulate import expected as E
+from conformance.simulate import impls, runner, verdicts
+from conformance.simulate.presets import build
+
+
+def _torch_chunk_shape(shape, ws: int, rank: int) -> list[int]:
+    """Independent of the simulator: what ``torch.chunk`` gives rank ``rank`` (it may return fewer
+    than ``ws`` chunks; the ranks past the last chunk hold nothing)."""
+    full = torch.empty(shape or [1], device="meta")
+    chunks = torch.chunk(full, ws)
+    return list(chunks[rank].shape) if rank < len(chunks) else [0, *full.shape[1:]]
+
+
+@pytest.fixture(scope="module")
+def tiny_shapes():
+    return {n: list(p.shape) for n, p in build("tiny").named_parameters()}
+
+
+@pytest.mark.parametrize("ws", [64, 1024])
+def test_reference_shards_match_torch_chunk(ws, tiny_shapes):
+    for rank in default_ranks(ws):
+        result = simulate_rank("reference", ws, "tiny", rank)
+        assert [c["outcome"] for c in result["cells"]] == ["passed"] * 3, result["cells"]
+        assert {r["name"] for r in result["params"]} == set(tiny_shapes)
+        bound = 0
+        for row in result["params"]:
+            shape = tiny_shapes[row["name"]]
+            rows, row_numel = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
+            assert row["local_shape"] == _torch_chunk_shape(shape, ws, rank), row
+            assert row["padded_rows"] == -(-rows // ws) - row["local_shape"][0], row
+            assert row["bytes"] == row["local_shape"][0] * row_numel * 4
+            bound += -(-rows // ws) * row_numel * 4
+        assert result["totals"]["bound_bytes"] == bound
+        assert result["totals"]["storage_bytes"] <= bound
+
+
+def test_last_rank_of_1024_holds_nothing_of_small_params():
+    last = simulate_rank("reference", 1024, "tiny", 1023, step=False)
+    assert all(r["local_shape"][0] == 0 for r in last["params"])  # every tiny dim is < 1024 rows
+    assert last["totals"]["storage_bytes"] == 0 and last["collectives"] is None
+
+
+def test_collectives_follow_the_unit_formula():
+    result = simulate_rank("reference", 64, "tiny", 0)
+    units = E.units_of(build("tiny"), 64)
+    per_unit = [64 * sum(-(-p["rows"] // 64) * p["row_numel"] * 4 for p in u) for u in units]
+    expected = {"count": len(units), "bytes": sum(per_unit)}
+    assert result["collectives"] == {"all_gather": expected, "reduce_scatter": expected}
+
+
+def test_wrong_expectations_are_reported_failed():
+    result = simulate_rank("reference", 64, "tiny", 63)
+    units = E.units_of(build("tiny"), 64)
+    floor_rows = [dict(E.expected_row(p, 64, 63), local_shape=[p["rows"] // 64, *p["shape"][1:]])
+                  for u in units for p in u]
+    assert verdicts.sharded_dim0(result["params"], floor_rows, 63)["outcome"] == "failed"
+    halved = [dict(E.expected_row(p, 64, 0), bound_bytes=0) for u in units for p in u]
+    assert verdicts.bytes_within_ceil_bound(
+        simulate_rank("reference", 64, "tiny", 0, step=False)["params"], halved, 0)["outcome"] == "failed"
+    extra = {k: {"count": v["count"] + 1, "bytes": v["bytes"]} for k, v in result["collectives"].items()}
+    cell = verdicts.collectives_per_step(result["collectives"], extra, 63)
+    assert cell["outcome"] == "failed" and "all_gather" in cell["detail"][0]
+
+
+def test_wrong_design_formula_fails_the_run(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(impls.ReferenceSim, "gathers_per_unit", 2)  # claims a backward re-gather
+    out = tmp_path / "sim.json"
+    code = cli.main(["simulate", "--world-size", "1024", "--model", "tiny", "--rank", "0", "-o", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 1 and report["summary"] == {"passed": 2, "failed": 1}
+    assert [c["check"] for c in report["cells"] if c["outcome"] == "failed"] == ["collectives_per_step"]
+    assert "FAILED collectives_per_step" in capsys.readouterr().out
+
+
+def test_cli_writes_a_passing_report(tmp_path):
+    out = tmp_path / "sim.json"
+    assert cli.main(["simulate", "--impl", "reference", "--world-size", "64", "--model", "tiny", "-o", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["target"]["world_size"] == 64 and report["target"]["ranks"] == [0, 32, 63]
+    assert {c["check"] for c in report["cells"]} == {"every_param_sharded_dim0", "bytes_per_rank_within_ceil_bound",
+                                                    "collectives_per_step"}
+    assert report["summary"]["failed"] == 0 and report["step_ranks"] == [0, 32, 63]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "nope"], "unknown model preset 'nope'"),
+    (["--impl", "nope"], "no simulator for implementation 'nope'"),
+    (["--rank", "64"], "rank 64 is outside world size 64"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    assert cli.main(["simulate", "--world-size", "64", "--model", "tiny", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_torch_fsdp2_sharding_at_init_matches_torch_chunk():
+    report = simulate("torch-fsdp2", 64, "tiny", step="first")
+    assert report["summary"] == {"passed": 7, "failed": 0}, runner.human_summary(report)
+    assert report["step_ranks"] == [0]
