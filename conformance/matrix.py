@@ -22,6 +22,8 @@ from pathlib import Path
 
 import jsonschema
 
+from conformance.cells import strip_impl
+
 SCHEMA = Path(__file__).with_name("report_schema.json")
 SCHEMA_VERSION = 1
 NOT_RUN = ("unsupported", "skipped")      # left out of the conformance percentage
@@ -66,25 +68,15 @@ def load(path: str | Path) -> dict:
 
 
 def cell_id(report: dict, cell: dict) -> str:
-    """`test_file.py::test_name[ws2-params]`: the nodeid without the implementation's id, as the
-    expectations manifests spell cells (same rule as conformance.plugin.cell_id)."""
-    path, _, rest = cell["nodeid"].partition("::")
-    name, bracket, params = rest.partition("[")
-    params = params[:-1] if bracket else ""
+    """The cell's id without the implementation (conformance.cells.strip_impl), trying the id the
+    implementation was selected as, then its name."""
     ids = [i["selected_as"] for i in report["implementations"] if i["name"] == cell["impl"]]
     for impl_id in ids + ([cell["impl"]] if cell["impl"] else []):
-        if params == impl_id:
-            params = ""
-        elif params.startswith(impl_id + "-"):
-            params = params[len(impl_id) + 1:]
-        elif params.endswith("-" + impl_id):
-            params = params[:-len(impl_id) - 1]
-        elif f"-{impl_id}-" in params:
-            params = params.replace(f"-{impl_id}-", "-", 1)
-        else:
-            continue
-        break
-    return f"{Path(path).name}::{name}" + (f"[{params}]" if params else "")
+        found = strip_impl(cell["nodeid"], impl_id)
+        if found is not None:
+            return found
+    path, _, rest = cell["nodeid"].partition("::")
+    return f"{Path(path).name}::{rest}"
 
 
 def first_line(message: str) -> str:

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from conformance import adapters
 from conformance.adapter import UNSUPPORTED_PREFIX
+from conformance.cells import strip_impl
 
 EXPECTATIONS = Path(__file__).parent / "expectations"
 
@@ -102,22 +103,6 @@ def load_manifest(adapter) -> list[dict]:
     return [e for e in entries if Version(torch.__version__.split("+")[0]) in SpecifierSet(e.get("torch", ""))]
 
 
-def cell_id(item, impl_id: str) -> str:
-    """The cell's id without the implementation: `test_file.py::test_name[ws2-other-params]`."""
-    path, _, rest = item.nodeid.partition("::")
-    name, _, params = rest.partition("[")
-    params = params[:-1]
-    if params == impl_id:
-        params = ""
-    elif params.startswith(impl_id + "-"):
-        params = params[len(impl_id) + 1:]
-    elif params.endswith("-" + impl_id):
-        params = params[:-len(impl_id) - 1]
-    else:
-        params = params.replace(f"-{impl_id}-", "-", 1)
-    return f"{Path(path).name}::{name}" + (f"[{params}]" if params else "")
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     """Mark known failures as strict xfails, before -k/-m deselect anything."""
@@ -128,7 +113,7 @@ def pytest_collection_modifyitems(session, config, items):
             adapter = getattr(item, "callspec", None) and item.callspec.params.get("impl")
             if adapter is None or adapter is not config._shardcheck_impls[impl_name]:
                 continue
-            cell = cell_id(item, impl_name)
+            cell = strip_impl(item.nodeid, impl_name)
             for i, entry in enumerate(entries):
                 if any(fnmatch.fnmatchcase(cell, pattern.replace("[", "[[]")) for pattern in entry["cells"]):
                     used.add(i)
