@@ -96,7 +96,32 @@ class RankPool:
     def usable(self) -> bool:
         return not self.broken and self.owner_pid == os.getpid() and all(p.is_alive() for p in self.procs)
 
+    def _output_path(self, r: int) -> str:
+        return self.stack_paths[r].replace("stacks-", "output-")
+
+    def _output_since(self, r: int, offset: int, lines: int = 40) -> str:
+        """What rank r printed since `offset`, minus the harness's own frames in fatal-signal dumps."""
+        try:
+            with open(self._output_path(r), errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+        except OSError:
+            return ""
+        kept, below_body = [], False
+        for line in text.splitlines():
+            if line.startswith("  File "):
+                below_body = below_body or "/harness/task.py" in line
+                if below_body:
+                    continue
+            else:
+                below_body = False
+            if not line.startswith("Extension modules:"):
+                kept.append(line)
+        return "\n".join(kept[-lines:]).rstrip()
+
     def run(self, task: Task, timeout: float) -> list[RankResult]:
+        offsets = [os.path.getsize(p) if os.path.exists(p) else 0
+                   for p in map(self._output_path, range(self.world_size))]
         for conn in self.conns:
             conn.send(task)
         results: dict[int, RankResult] = {}
@@ -134,6 +159,11 @@ class RankPool:
             for r in pending:
                 results[r] = RankResult(r, "failed", f"rank {r} {why}.\nIts Python stack:\n{stacks[r]}",
                                         stopped=first_failure is not None)
+        for r, res in results.items():
+            output = self._output_since(r, offsets[r]) if res.outcome == "failed" else ""
+            if output:
+                res.message = f"{res.message.rstrip()}\nIts output during the test (last lines):\n{output}"
+        if pending:
             self.kill()
         if any(res.outcome != "passed" for res in results.values()):
             self.broken = True  # collectives may be left half-matched: never reuse these ranks

@@ -46,6 +46,15 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stack_file = open(stack_path, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # Everything the rank prints (Python, C++ aborts, gloo) goes to its own file: the parent shows
+    # a failed rank's output from that test, also when the rank died (nothing lost in a crash).
+    output = os.open(stack_path.replace("stacks-", "output-"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    # (pytest's capture may have replaced sys.stdout/err in the parent we were forked from)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a fatal signal's Python stack, too
 
     import torch
     import torch.distributed as dist

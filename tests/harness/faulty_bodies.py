@@ -112,3 +112,12 @@ def test_parallel_ops_in_a_pool_forked_after_thread_mode(ctx):
     x = torch.randn(512, 4096)
     torch.nn.functional.layer_norm(x, (4096,)).sum().item()
     (x @ x.T).sum().item()
+
+
+@distributed(world_size=2)
+def test_rank_aborts_after_printing(ctx):
+    dist.barrier()
+    if ctx.rank == 1:
+        print("rank 1 is about to abort", flush=True)
+        os.abort()
+    dist.barrier()

@@ -208,3 +208,9 @@ def test_pool_forked_after_thread_mode_runs_parallel_kernels(tmp_path):
     for backend in ("threaded", "gloo"):
         rec = records[f"test_parallel_ops_in_a_pool_forked_after_thread_mode[ws1-{backend}]"]
         assert rec["outcome"] == "passed", rec["text"][-2000:]
+
+
+def test_a_crashed_rank_comes_back_with_what_it_printed(pool_run):
+    rec = outcome(pool_run, "test_rank_aborts_after_printing[ws2]")
+    assert rec["outcome"] == "failed" and "rank 1 was killed by signal SIGABRT" in rec["text"]
+    assert "rank 1 is about to abort" in rec["text"]
