@@ -11,11 +11,20 @@ otherwise; pytest's codes for usage errors pass through. `-- -n 2` runs it on py
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
 
 rebuilds the report from the cells a run streamed, e.g. after a crash (`complete: false`).
+
+    shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html]
+    shardcheck diff OLD NEW
+    shardcheck simulate --impl NAME --world-size N --model PRESET
+
+the families x implementations table, the cells that regressed or got fixed between two reports
+(exit 1 on regressions), and the fake-process-group simulation of shard shapes, bytes and
+collectives at world sizes beyond the machine. `run --launcher torchrun` runs on torchrun's ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import datetime as dt
 import sys
 from pathlib import Path
@@ -46,6 +55,15 @@ def _run(args, passthrough: list[str]) -> int:
         argv += ["--world-sizes", args.world_sizes]
     if args.k:
         argv += ["-k", args.k]
+    if args.launcher == "torchrun":  # re-run this command on ranks started by torchrun
+        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node", str(args.nproc_per_node), "-m", "conformance.cli",
+                                *_without_launcher(args.argv)])
+    from harness.external import detect
+
+    launch = detect()
+    if launch is not None and launch.rank != 0:  # only rank 0 shows progress and writes the report
+        return int(pytest.main(argv + passthrough))
     from conformance.progress import RunProgress  # rich: only for this command
 
     progress = RunProgress()
@@ -58,6 +76,18 @@ def _run(args, passthrough: list[str]) -> int:
     if out.exists():
         print(f"shardcheck: report written to {out}")
     return progress.exit_code(code)
+
+
+def _without_launcher(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--launcher", "--nproc-per-node"):
+            skip = True
+        elif not arg.startswith(("--launcher=", "--nproc-per-node=")):
+            out.append(arg)
+    return out
 
 
 def _report_assemble(args) -> int:
@@ -112,6 +142,7 @@ def _simulate(args, extra: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    full_argv = list(argv)
     passthrough = []
     if "--" in argv:
         cut = argv.index("--")
@@ -126,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--family", help=f"comma-separated check families: {', '.join(FAMILIES)}")
     run.add_argument("-k", help="pytest -k expression selecting cells")
     run.add_argument("-o", "--output", help="report path (default reports/local/<impl>-<backend>-<time>.json)")
+    run.add_argument("--launcher", choices=("none", "torchrun"), default="none",
+                     help="torchrun: run the matrix on ranks started by torchrun --standalone "
+                          "(multi-node: start `torchrun ... -m conformance.cli run` yourself)")
+    run.add_argument("--nproc-per-node", type=int, default=2, help="ranks for --launcher torchrun")
     report = sub.add_parser("report", help="work with conformance reports").add_subparsers(
         dest="report_command", required=True)
     assemble = report.add_parser("assemble", help="rebuild a JSON report from its JSON-lines stream "
@@ -136,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from conformance.simulate import command as simulate_command
     simulate_command.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
+    args.argv = full_argv
     if args.command in ("matrix", "diff"):
         if extra or passthrough:
             parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")

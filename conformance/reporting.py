@@ -212,6 +212,9 @@ def _target(config) -> dict:
 
 
 def pytest_configure(config):
+    from harness.external import detect
+
     path = config.getoption("shardcheck_report")
-    if path and not hasattr(config, "workerinput"):
+    launch = detect()
+    if path and not hasattr(config, "workerinput") and (launch is None or launch.rank == 0):
         config.pluginmanager.register(ReportWriter(config, Path(path)), "shardcheck-report-writer")

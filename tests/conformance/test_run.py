@@ -177,3 +177,17 @@ def test_progress_counts_cells_and_only_failures_and_errors_fail_the_run():
                                               "[  4/  4] 1 error, 1 unsupported, 1 xfailed, 0 s"]
     progress.print_summary()
     assert re.search(r"│ b +│ +0 │ +1 │ +0 │ +1 │ +2 │", buffer.getvalue()), buffer.getvalue()
+
+
+def test_run_on_ranks_started_by_torchrun(tmp_path):
+    """`--launcher torchrun`: the matrix runs on torchrun's ranks; rank 0 alone reports."""
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--launcher", "torchrun",
+                           "--nproc-per-node", "2", "--family", "comm_hooks", "-k",
+                           "default_communication_hook_behavior", "--world-sizes", "2", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("report written to") == 1
+    report = json.loads(out.read_text())
+    assert report["complete"] and report["summary"]["by_outcome"] == {"passed": 3}
+    assert report["target"]["env"].get("WORLD_SIZE") == "2"  # the cells ran under the launcher
