@@ -1,7 +1,7 @@
 """Tensor subclasses used by the conformance checks.
 
 ``TwoTensor`` is a faithful, self-contained port of
-``torch/testing/_internal/two_tensor.py`` (torch 2.13): a wrapper subclass
+the ``two_tensor.py`` test helper of torch 2.13: a wrapper subclass
 that holds two plain tensors ``a`` and ``b`` and runs every aten op on both.
 
 Seed 002 (FSDP2 all-gather extensions) needs, and this supports:
