@@ -26,6 +26,7 @@ __all__ = [
     "WrapSpec",
     "TPStyle",
     "resolve_units",
+    "wrap_spec_of",
     "ConformanceModel",
     "TransformerWithSharedParams",
     "NestedWrappedModule",
