@@ -2,7 +2,9 @@
 
 `load("reference")` finds a built-in adapter or one registered by a third-party package under the
 entry-point group `shardcheck.adapters`; `load("pkg.module:attr")` imports one directly (the attribute
-may be an adapter instance, or a class / factory called with no arguments).
+may be an adapter instance, or a class / factory called with no arguments). `load("name[variant]")`
+calls the class with `variant=...`: a variant is one configuration of an implementation's own knobs
+(`torch-fsdp1[flat]`), listed in the adapter's `variants` and reported as its own row.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from conformance.adapter import Adapter
+from conformance.protocol import Adapter
+from conformance.protocol.capabilities import unknown
 
 BUILTIN = {
     "reference": "conformance.adapters.reference:ReferenceAdapter",
     "torch-fsdp2": "conformance.adapters.torch_fsdp2:TorchFSDP2Adapter",
     "torch-fsdp1": "conformance.adapters.torch_fsdp1:TorchFSDP1Adapter",
     "ddp": "conformance.adapters.ddp:DDPAdapter",
+    "deepspeed": "conformance.adapters.deepspeed:DeepSpeedAdapter",
 }
 ENTRY_POINT_GROUP = "shardcheck.adapters"
 
@@ -40,8 +44,17 @@ def _import(target: str):
     return obj
 
 
+def split_variant(spec: str) -> tuple[str, str | None]:
+    """`torch-fsdp1[flat]` -> (`torch-fsdp1`, `flat`); `reference` -> (`reference`, None)."""
+    if spec.endswith("]") and "[" in spec:
+        base, _, variant = spec[:-1].partition("[")
+        return base, variant
+    return spec, None
+
+
 def load(spec: str) -> Adapter:
     names = available()
+    spec, variant = split_variant(spec)
     target = names.get(spec, spec if ":" in spec else None)
     if target is None:
         raise UnknownAdapter(f"unknown implementation {spec!r}; available: {', '.join(sorted(names))} "
@@ -50,7 +63,19 @@ def load(spec: str) -> Adapter:
         obj = _import(target)
     except (ImportError, AttributeError) as exc:
         raise UnknownAdapter(f"cannot load implementation {spec!r} from {target}: {exc}") from None
-    adapter = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Adapter)) else obj
+    if variant is not None:
+        known = getattr(obj, "variants", {})
+        if variant not in known:
+            raise UnknownAdapter(f"{spec} has no variant {variant!r}; variants: "
+                                 f"{', '.join(sorted(known)) or 'none'}")
+        adapter = obj(variant=variant)
+    else:
+        adapter = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Adapter)) else obj
     if not isinstance(adapter, Adapter):
-        raise UnknownAdapter(f"{target} is not a shardcheck adapter (see conformance.adapter.Adapter)")
+        raise UnknownAdapter(f"{target} is not a shardcheck adapter: it needs name, version, "
+                             f"capabilities and trainer() (see docs/adapters.md)")
+    bad = unknown(adapter.capabilities)
+    if bad:
+        raise UnknownAdapter(f"{spec} declares unknown capabilities {', '.join(bad)} "
+                             f"(the vocabulary: conformance/protocol/capabilities.py)")
     return adapter

@@ -10,21 +10,21 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from conformance.adapter import ShardSpec, Unsupported
+from conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
 _PREFIX = "module."
 
 
-class DDPAdapter:
+class DDPAdapter(TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
-    capabilities = frozenset({"no_shard", "clip_grad_norm", "sharded_grad_scaler"})
+    capabilities = TorchStyleAdapter.implied({"no_shard", "clip_grad_norm", "sharded_grad_scaler"})
 
     def shard(self, model: nn.Module, spec: ShardSpec):
-        if {spec.strategy, *spec.unit_strategies.values()} != {"NO_SHARD"} or spec.mixed_precision or spec.offload:
+        if spec.strategies != {"NO_SHARD"} or spec.mixed_precision or spec.offload:
             raise Unsupported("DDP only replicates (NO_SHARD, no mixed precision, no offload)")
         group = spec.mesh.get_group() if spec.mesh is not None else None
-        device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+        device_ids = [spec.device] if spec.device.type == "cuda" else None
         return DDP(model, device_ids=device_ids, process_group=group)
 
     def full_params(self, model):
@@ -41,7 +41,7 @@ class DDPAdapter:
     def clip_grad_norm_unit_(self, model, path, max_norm):
         raise Unsupported("DDP has no units")
 
-    def grad_scaler(self, device="cuda" if torch.cuda.is_available() else "cpu", process_group=None, **kwargs):
+    def grad_scaler(self, device, process_group=None, **kwargs):
         # Gradients are identical on every rank after DDP's all-reduce, so a plain GradScaler's
         # found_inf is already agreed across ranks.
         return torch.amp.GradScaler(device, **kwargs)

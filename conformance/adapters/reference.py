@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import reference_impl as ri
-from conformance.adapter import MixedPrecision, ShardSpec
+from conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter
 
 STRATEGIES = {s.name: s for s in ri.ShardingStrategy}
 
@@ -15,10 +15,10 @@ def _mp(mp: MixedPrecision | None):
                                                      mp.keep_low_precision_grads)
 
 
-class ReferenceAdapter:
+class ReferenceAdapter(TorchStyleAdapter):
     name = "reference"
     version = "0.1.0"
-    capabilities = frozenset({
+    capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
         "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision as FSDPMixedPrecision, ShardingStrategy
 
-from conformance.adapter import ShardSpec, Unsupported
+from conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
 _PREFIX = "_fsdp_wrapped_module."
 
@@ -50,21 +50,25 @@ def _set(parent, path, module):
     setattr(parent.get_submodule(".".join(head)) if head else parent, last, module)
 
 
-class TorchFSDP1Adapter:
-    name = "torch-fsdp1"
+class TorchFSDP1Adapter(TorchStyleAdapter):
     version = torch.__version__
-    capabilities = frozenset({
+    capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
-        "mixed_precision", "keep_low_precision_grads", "cpu_offload", "orig_params_toggle",
+        "mixed_precision", "keep_low_precision_grads", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
     })
+    variants = {"flat": "use_orig_params=False: each unit's parameters in one flat parameter"}
+
+    def __init__(self, variant: str | None = None) -> None:
+        self.use_orig_params = variant != "flat"
+        self.name = "torch-fsdp1" + (f"[{variant}]" if variant else "")
 
     def shard(self, model, spec: ShardSpec):
         mp = spec.mixed_precision
         fmp = FSDPMixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
                                  buffer_dtype=mp.buffer_dtype,
                                  keep_low_precision_grads=mp.keep_low_precision_grads) if mp else None
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        device = spec.device
 
         def wrap(module, strategy):
             kwargs = {}
@@ -76,7 +80,7 @@ class TorchFSDP1Adapter:
                 kwargs["process_group"] = spec.mesh.get_group()
             return FSDP(module, sharding_strategy=ShardingStrategy[strategy], mixed_precision=fmp,
                         cpu_offload=CPUOffload(offload_params=spec.offload), device_id=device,
-                        use_orig_params=spec.use_orig_params, **kwargs)
+                        use_orig_params=self.use_orig_params, **kwargs)
 
         for path, module in spec.unit_modules(model):
             _set(model, path, wrap(module, spec.strategy_of(path)))
@@ -107,7 +111,6 @@ class TorchFSDP1Adapter:
     def grad_scaler(self, **kwargs):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
         return ShardedGradScaler(**kwargs)
 
     def register_comm_hook(self, model, state, hook, path=""):

@@ -15,25 +15,24 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from conformance.adapter import ShardSpec, Unsupported
+from conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A copy of the full value (never a view of live parameters or gradients)."""
     return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
 
 
-class TorchFSDP2Adapter:
+class TorchFSDP2Adapter(TorchStyleAdapter):
     name = "torch-fsdp2"
     version = torch.__version__
-    capabilities = frozenset({
+    capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
         "mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_grads",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        mesh = spec.mesh if spec.mesh is not None else init_device_mesh(dev, (torch.distributed.get_world_size(),))
+        mesh = spec.mesh if spec.mesh is not None else init_device_mesh(spec.device.type, (torch.distributed.get_world_size(),))
         if strategy == "HYBRID_SHARD":
             if mesh.ndim != 2:
                 raise ValueError("HYBRID_SHARD needs a 2-D (replicate, shard) mesh")
@@ -47,13 +46,11 @@ class TorchFSDP2Adapter:
         return mesh
 
     def shard(self, model, spec: ShardSpec):
-        if not spec.use_orig_params:
-            raise Unsupported("FSDP2 has no flat parameters (use_orig_params=False)")
         mp = spec.mixed_precision
         if mp is not None and (mp.keep_low_precision_grads or mp.buffer_dtype is not None):
             raise Unsupported("FSDP2 MixedPrecisionPolicy has no buffer_dtype / keep_low_precision_grads")
         policy = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else MixedPrecisionPolicy()
-        offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if spec.offload else None
+        offload = CPUOffloadPolicy(pin_memory=spec.device.type == "cuda") if spec.offload else None
 
         def one(module, strategy):
             kwargs = dict(offload_policy=offload) if offload else {}
@@ -80,7 +77,6 @@ class TorchFSDP2Adapter:
     def grad_scaler(self, **kwargs):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
         return ShardedGradScaler(**kwargs)
 
     def register_comm_hook(self, model, state, hook, path=""):

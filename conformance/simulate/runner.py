@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from conformance.reporting import SCHEMA_VERSION, SUITE_VERSION
+from conformance.report.writer import SCHEMA_VERSION, SUITE_VERSION
 
 from . import verdicts
 from .expected import expected_row, units_of

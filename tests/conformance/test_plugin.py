@@ -33,7 +33,7 @@ def test_needs_offload(ctx, impl):
 
 @distributed(world_size=2)
 def test_raises_unsupported_on_ranks(ctx, impl):
-    from conformance.adapter import Unsupported
+    from conformance.protocol import Unsupported
     raise Unsupported("the adapter has no such method")
 '''
 

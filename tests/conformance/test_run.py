@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conformance import cli, reporting
-from conformance.progress import RunProgress
+from conformance.cli import main as cli
+from conformance.report import writer as reporting
+from conformance.cli.progress import RunProgress
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDCHECK = [sys.executable, "-m", "conformance.cli"]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conformance import cli
+from conformance.cli import main as cli
 from conformance.simulate import default_ranks, simulate, simulate_rank
 from conformance.simulate import expected as E
 from conformance.simulate import impls, runner, verdicts

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn import TransformerDecoderLayer, TransformerEncoderLayer
 
-from conformance.models.wrapping import ConformanceModel, ShardUnit, WrapSpec
+from conformance.checks.support.models.wrapping import ConformanceModel, ShardUnit, WrapSpec
 
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conformance.models.wrapping import ShardUnit, TPStyle, WrapSpec
+from conformance.checks.support.models.wrapping import ShardUnit, TPStyle, WrapSpec
 
 
 # --------------------------------------------------------------------------

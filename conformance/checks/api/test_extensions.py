@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from conformance.adapter import MixedPrecision, ShardSpec
-from conformance.compare import assert_close
-from conformance.models import MLP
-from conformance.subclasses import TwoTensor
+from conformance.protocol import MixedPrecision, ShardSpec
+from conformance.checks.support.compare import assert_close
+from conformance.checks.support.models import MLP
+from conformance.checks.support.subclasses import TwoTensor
 from harness import distributed
 
 pytestmark = pytest.mark.requires("all_gather_extensions")

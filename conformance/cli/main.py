@@ -33,7 +33,7 @@ import pytest
 
 from conformance.checks import FAMILIES
 
-CHECKS = Path(__file__).parent / "checks"
+CHECKS = Path(__file__).parents[1] / "checks"
 
 
 def _run(args, passthrough: list[str]) -> int:
@@ -45,7 +45,7 @@ def _run(args, passthrough: list[str]) -> int:
         return 4
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.output or f"reports/local/{'+'.join(args.impl or ['reference'])}-{args.backend}-{stamp}.json")
-    argv = sorted(str(p) for f in families for p in CHECKS.glob(f"test_{f}*.py"))
+    argv = sorted(str(p) for f in families for p in CHECKS.rglob(f"test_{f}*.py"))
     argv += ["-p", "no:cacheprovider", "--backend", args.backend, "--shardcheck-report", str(out),
              "-o", "addopts=", "-o", "console_output_style=classic", "-q", "-rfEU",
              "-W", "ignore::pytest.PytestAssertRewriteWarning"]  # conformance is imported before pytest
@@ -64,7 +64,7 @@ def _run(args, passthrough: list[str]) -> int:
     launch = detect()
     if launch is not None and launch.rank != 0:  # only rank 0 shows progress and writes the report
         return int(pytest.main(argv + passthrough))
-    from conformance.progress import RunProgress  # rich: only for this command
+    from conformance.cli.progress import RunProgress  # rich: only for this command
 
     progress = RunProgress()
     try:
@@ -91,7 +91,7 @@ def _without_launcher(argv: list[str]) -> list[str]:
 
 
 def _report_assemble(args) -> int:
-    from conformance import reporting
+    from conformance.report import writer as reporting
 
     lines = Path(args.jsonl)
     if not lines.is_file():
@@ -117,10 +117,7 @@ def _add_matrix_and_diff(sub) -> None:
 
 
 def _matrix_or_diff(args) -> int:
-    from conformance import (  # matplotlib and rich load only for these commands
-        diff,
-        matrix,
-    )
+    from conformance.report import diff, matrix  # matplotlib and rich load only for these commands
 
     try:
         return (matrix.main if args.command == "matrix" else diff.main)(args)

@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conformance import models as M
-from conformance.adapter import MixedPrecision, ShardSpec
-from conformance.compare import assert_close
-from conformance.checks._clip_helpers import INF, LR, _assert_clipped, _avg_grads, _copy, _grads, _local, _norm, _record_warnings, _spec
+from conformance.checks.support import models as M
+from conformance.protocol import MixedPrecision, ShardSpec
+from conformance.checks.support.compare import assert_close
+from conformance.checks.support.clip import INF, LR, _assert_clipped, _avg_grads, _copy, _grads, _local, _norm, _record_warnings, _spec
 from harness import distributed
 
 FAMILY = "clip_grad"
@@ -91,8 +91,6 @@ def _ddp_parity_requires(params):
     needed = {"nested_units"}
     needed |= {"FULL_SHARD": {"full_shard"}, "NO_SHARD": {"no_shard"},
                "mixed_strategy": {"mixed_strategy", "full_shard", "no_shard"}}[params["strategy"]]
-    if not params["use_orig_params"]:
-        needed.add("orig_params_toggle")
     if params["offload"]:
         needed.add("cpu_offload")
     return needed
@@ -101,16 +99,15 @@ def _ddp_parity_requires(params):
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_ddp_parity_requires)
 @pytest.mark.parametrize("offload", [False, True], ids=["no_offload", "offload"])
-@pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "mixed_strategy"])
 @pytest.mark.parametrize("norm_type", [1.0, 2.0, INF])
 @pytest.mark.parametrize("max_norm", [1, 2.5])
-def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, use_orig_params, offload):
+def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
     """Clip on the sharded model == torch.nn.utils.clip_grad_norm_ on the data-parallel one."""
     with ctx.seeded(0):
         ref_model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
         model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
-    common = dict(use_orig_params=use_orig_params, offload=offload, mesh=ctx.mesh())
+    common = dict(offload=offload, mesh=ctx.mesh())
     if strategy == "mixed_strategy":
         spec = _spec(model, "mixed_strategy", **common)
     else:
@@ -126,7 +123,7 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, use_orig_params, o
     ref_model.get_loss(inp, model(*inp)).backward()
     # Scale gradients by a large factor so that they are certainly clipped.
     for p in list(ref_model.parameters()) + list(model.parameters()):
-        if p.grad is not None:  # None is possible with use_orig_params=True
+        if p.grad is not None:  # None is possible (FSDP1 use_orig_params=True)
             p.grad *= LARGE_FACTOR
     ref_before = _grads(ref_model)
     local_before = [None if p.grad is None else _local(p.grad).clone() for p in model.parameters()]
@@ -178,25 +175,21 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, use_orig_params, o
 def _low_precision_requires(params):
     needed = {"nested_units", "mixed_precision", "keep_low_precision_grads",
               {"FULL_SHARD": "full_shard", "NO_SHARD": "no_shard"}[params["strategy"]]}
-    if not params["use_orig_params"]:
-        needed.add("orig_params_toggle")
     return needed
 
 
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_low_precision_requires)
-@pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
 @pytest.mark.parametrize("norm_type", [1.0, 2.0, INF])
 @pytest.mark.parametrize("max_norm", [1, 2.5])
-def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy, use_orig_params):
+def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy):
     """fp16 gradients kept in fp16: the total norm is fp16 and every gradient is clipped."""
     with ctx.seeded(0):
         model = M.NestedWrappedModule(ctx.rank, ctx.world_size, deterministic=True)
         inp = model.get_input(ctx.device)  # seeds 1 + rank: different inputs per rank
     mp = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16, keep_low_precision_grads=True)
-    model = impl.shard(model, _spec(model, strategy=strategy, mixed_precision=mp,
-                                    use_orig_params=use_orig_params, mesh=ctx.mesh()))
+    model = impl.shard(model, _spec(model, strategy=strategy, mixed_precision=mp, mesh=ctx.mesh()))
     model(*inp).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads, "no gradients after backward"
@@ -222,17 +215,14 @@ def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy, use_orig_
 
 
 @distributed(world_size=[2, 4])
-@pytest.mark.requires.with_args(lambda params: {"shard_grad_op", "mixed_precision"}
-                      | (set() if params["use_orig_params"] else {"orig_params_toggle"}))
-@pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig"])
-def test_no_gradients(ctx, impl, use_orig_params):
+@pytest.mark.requires("shard_grad_op", "mixed_precision")
+def test_no_gradients(ctx, impl):
     """Clip with no gradients: warns, and returns a float32 zero."""
     with ctx.seeded(0):
         model = nn.Linear(24, 24)
         inp = torch.randn(32, 24)
     mp = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-    model = impl.shard(model, ShardSpec(strategy="SHARD_GRAD_OP", mixed_precision=mp,
-                                        use_orig_params=use_orig_params, mesh=ctx.mesh()))
+    model = impl.shard(model, ShardSpec(strategy="SHARD_GRAD_OP", mixed_precision=mp, mesh=ctx.mesh()))
     model(inp)
     pattern = (f"on rank {ctx.rank} with no gradients -- returning the total norm in the default "
                "dtype torch.float32")

@@ -26,10 +26,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from conformance.reporting import family_of, outcome_of
+from conformance.protocol.outcomes import BAD, OUTCOMES, outcome_of
+from conformance.report.writer import family_of
 
-OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "unsupported", "skipped")
-BAD = ("failed", "error")  # what makes a run fail; xfailed and unsupported do not
 
 
 def _console() -> Console:

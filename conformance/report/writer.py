@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.protocol.outcomes import outcome_of
+
 SCHEMA_VERSION = 1
 PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
 SUITE_VERSION = "0.1.0"
@@ -54,21 +56,6 @@ def family_of(nodeid: str) -> str:
     from conformance.checks import family_of_file
 
     return family_of_file(Path(nodeid.split("::")[0]).stem)
-
-
-def outcome_of(report) -> str | None:
-    """The cell's outcome this phase report decides, or None (a passed setup/teardown)."""
-    from conformance.adapter import UNSUPPORTED_PREFIX
-
-    if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
-    if report.outcome == "skipped":  # in setup (decided in the parent) or call (raised on ranks)
-        return "unsupported" if UNSUPPORTED_PREFIX in str(report.longrepr) else "skipped"
-    if report.when == "call":
-        return report.outcome
-    if report.outcome == "failed":
-        return "error"
-    return None  # a passed setup/teardown: the call phase reports the cell
 
 
 def _message(report, outcome: str) -> str:

@@ -17,9 +17,9 @@ Nothing here imports torch's private test utilities or ``torch.distributed.fsdp`
 """
 
 
-from conformance.models.wrapping import ConformanceModel, ShardUnit, TPStyle, WrapSpec, resolve_units, wrap_spec_of
-from conformance.models.fsdp_models import Net, NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, TwoLinear
-from conformance.models.dtensor_models import MLP, Attention, ExpertLayer, Experts, FeedForward, MLPStack, ModelArgs, Transformer, TransformerBlock
+from conformance.checks.support.models.wrapping import ConformanceModel, ShardUnit, TPStyle, WrapSpec, resolve_units, wrap_spec_of
+from conformance.checks.support.models.fsdp_models import Net, NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, TwoLinear
+from conformance.checks.support.models.dtensor_models import MLP, Attention, ExpertLayer, Experts, FeedForward, MLPStack, ModelArgs, Transformer, TransformerBlock
 
 __all__ = [
     "ShardUnit",

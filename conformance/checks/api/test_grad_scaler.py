@@ -6,7 +6,8 @@
   device="cuda" is unavailable (FINDINGS F3), and a disabled scaler passes some of these checks
   vacuously: every check asserts `is_enabled()` and that the scaler actually changed something.
 * Parity with unsharded training + torch.amp.GradScaler over the seed's 16 configs
-  (offload x strategy x fp16 mixed precision x use_orig_params).
+  (offload x strategy x fp16 mixed precision x model; the seed ties the model to use_orig_params,
+  which is FSDP1's own knob and here the `torch-fsdp1[flat]` variant).
 * found_inf agreed across ranks: an inf in one rank's gradient only makes every rank skip the step
   and back off the scale identically.
 """
@@ -20,9 +21,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance.adapter import MixedPrecision, ShardSpec
-from conformance.compare import assert_close
-from conformance.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
+from conformance.protocol import MixedPrecision, ShardSpec
+from conformance.checks.support.compare import assert_close
+from conformance.checks.support.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
 from harness import distributed
 
 STRATEGY_CAPS = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "no_shard"}
@@ -156,13 +157,14 @@ def test_inf_gradients_skip_optim_step(ctx, impl):
 # ctx.device before sharding (CUDA_BEFORE). The seed's CUDA_AFTER + offload case expects an error
 # about parameters on cuda, which cannot happen on CPU.
 
-PARITY_CONFIGS = list(itertools.product([True, False], ["SHARD_GRAD_OP", "FULL_SHARD"], ["fp16", None], [True, False]))
+PARITY_CONFIGS = list(itertools.product([True, False], ["SHARD_GRAD_OP", "FULL_SHARD"], ["fp16", None],
+                                        ["nonuniform", "nested"]))
 
 
 def _parity_id(cfg):
-    offload, strategy, mp, orig = cfg
+    offload, strategy, mp, model = cfg
     return "-".join([f"offload_{str(offload).lower()}", strategy.lower(),
-                     "mixed_precision" if mp else "full_precision", "use_orig_params" if orig else "flat_params"])
+                     "mixed_precision" if mp else "full_precision", model])
 
 
 def _parity_caps(params):
@@ -182,15 +184,12 @@ PARITY_STEPS = 5
 # orders, so exact emulation breaks; the right fp16 tolerance for reduced gradients is still open.
 @distributed(world_size=2)
 @pytest.mark.requires.with_args(_parity_caps)
-@pytest.mark.parametrize("offload,strategy,mp,use_orig_params", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
-def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, use_orig_params):
+@pytest.mark.parametrize("offload,strategy,mp,model_kind", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
+def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, model_kind):
     """Seed: use_orig_params=True trains NonUniformReqGradNWM (some ranks own no trainable shard)
     with init_scale 2**11; use_orig_params=False trains NestedWrappedModule with the default scale
-    2**16. SGD(lr=0.01, momentum=0.9) on `output.sum()`, per-rank inputs.
-
-    use_orig_params=False asks for FSDP1's flat parameters: the reference adapter has none and
-    ignores the flag (the cell still checks the seed's model and scaler settings); FSDP2's adapter
-    reports those cells unsupported.
+    2**16. SGD(lr=0.01, momentum=0.9) on `output.sum()`, per-rank inputs. Here the model is the axis
+    (`nonuniform` / `nested`); flat parameters are the `torch-fsdp1[flat]` variant's business.
 
     fp16 reference (FINDINGS F4: CPU autocast is not CUDA autocast, and the seed's autocast
     reference computes matmuls in fp16 but keeps fp32 gradients, which is not what
@@ -202,20 +201,21 @@ def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, use_
     (found_inf -> skipped step, scale backed off) happens on the same steps on both sides.
     """
     mp_dtype = torch.float16 if mp == "fp16" else None
-    model_cls = NonUniformReqGradNWM if use_orig_params else NestedWrappedModule
-    init_scale = 2.0**11 if use_orig_params else 2.0**16
+    nonuniform = model_kind == "nonuniform"
+    model_cls = NonUniformReqGradNWM if nonuniform else NestedWrappedModule
+    init_scale = 2.0**11 if nonuniform else 2.0**16
     with ctx.seeded(0):
         # freeze=False: the seed freezes NonUniformReqGradNWM after wrapping; do the same below
-        kw = {"freeze": False} if use_orig_params else {}
+        kw = {"freeze": False} if nonuniform else {}
         model = model_cls(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device, **kw)
     ref = copy.deepcopy(model)
     # The seed's MixedPrecision(param=reduce=buffer=fp16). Both models have no buffers, so buffer_dtype
     # changes nothing; it is left None so that implementations without buffer_dtype (FSDP2) run too.
     assert not list(model.buffers())
-    spec = ShardSpec(strategy=strategy, units=_unit_paths(model), offload=offload, use_orig_params=use_orig_params,
+    spec = ShardSpec(strategy=strategy, units=_unit_paths(model), offload=offload,
                      mixed_precision=MixedPrecision(mp_dtype, mp_dtype) if mp_dtype else None)
     model = impl.shard(model, spec)
-    if use_orig_params:
+    if nonuniform:
         _set_nonuniform_req_grad(model)
         _set_nonuniform_req_grad(ref)
         for m in (ref, model):
@@ -282,8 +282,7 @@ def _found_inf_caps(params):
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_found_inf_caps)
 @pytest.mark.parametrize("offload", [True, False], ids=["offload_true", "offload_false"])
-@pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat_params", "use_orig_params"])
-def test_sharded_grad_scaler_found_inf(ctx, impl, use_orig_params, offload):
+def test_sharded_grad_scaler_found_inf(ctx, impl, offload):
     """TransformerWithSharedParams (units: encoder/decoder layers), Adam(lr=1e-2), init_scale 2.
     On even iterations rank 0 alone writes inf into its first gradient: every rank must skip the
     step (its local parameters unchanged) and back off the scale; the reference (unsharded, grads
@@ -291,8 +290,7 @@ def test_sharded_grad_scaler_found_inf(ctx, impl, use_orig_params, offload):
     with ctx.seeded(0):
         model = TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device)
     ref = copy.deepcopy(model)
-    model = impl.shard(model, ShardSpec(strategy="FULL_SHARD", units=_unit_paths(model), offload=offload,
-                                        use_orig_params=use_orig_params))
+    model = impl.shard(model, ShardSpec(strategy="FULL_SHARD", units=_unit_paths(model), offload=offload))
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     ref_optim = torch.optim.Adam(ref.parameters(), lr=1e-2)
     scaler = _scaler(impl, ctx, init_scale=2.0)

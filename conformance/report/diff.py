@@ -1,7 +1,7 @@
 """`shardcheck diff OLD NEW`: what changed between two conformance reports.
 
 Cells are matched by (implementation, cell id), the cell id being the nodeid without the
-implementation (conformance.matrix.cell_id), so reports written from different folders or with the
+implementation (conformance.report.matrix.cell_id), so reports written from different folders or with the
 implementation selected under another name still line up. Each matched pair falls in one bucket:
 
 - regressed: passed, xpassed or xfailed before, failed or error now;
@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-from conformance import matrix
+from conformance.protocol.outcomes import BAD
+from conformance.report import matrix
 
 GOOD = ("passed", "xpassed")
-BAD = ("failed", "error")
 KINDS = ("regressed", "fixed", "changed", "appeared", "vanished")
 STYLE = {"regressed": "bold red", "fixed": "green", "changed": "yellow", "appeared": "cyan", "vanished": "magenta"}
 

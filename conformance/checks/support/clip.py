@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from conformance import models as M
-from conformance.adapter import ShardSpec
+from conformance.checks.support import models as M
+from conformance.protocol import ShardSpec
 
 INF = math.inf
 LR = 1e-2

@@ -13,10 +13,10 @@ import copy
 import pytest
 import torch
 
-from conformance import models as M
-from conformance.adapter import Unsupported
-from conformance.compare import assert_close
-from conformance.checks._clip_helpers import INF, LR, _all_reduce_count, _assert_clipped, _avg_grads, _copy, _grads, _local, _norm, _spec
+from conformance.checks.support import models as M
+from conformance.protocol import Unsupported
+from conformance.checks.support.compare import assert_close
+from conformance.checks.support.clip import INF, LR, _all_reduce_count, _assert_clipped, _avg_grads, _copy, _grads, _local, _norm, _spec
 from harness import distributed
 
 FAMILY = "clip_grad"

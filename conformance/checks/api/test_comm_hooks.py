@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from conformance.adapter import MixedPrecision, ShardSpec
-from conformance.compare import assert_close
-from conformance.models import Net, resolve_units
+from conformance.protocol import MixedPrecision, ShardSpec
+from conformance.checks.support.compare import assert_close
+from conformance.checks.support.models import Net, resolve_units
 from harness import distributed
 
 STRATEGIES = ["NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"]

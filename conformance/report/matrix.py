@@ -1,6 +1,6 @@
 """`shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html]`: the cross-implementation matrix.
 
-Reads JSON reports (validated against conformance/report_schema.json), merges them (one per
+Reads JSON reports (validated against conformance/report/schema.json), merges them (one per
 implementation, or one run with several; a later report's cell replaces an earlier one's), and
 renders one table of check families x implementations with the failing cells below it:
 Markdown (stdout by default, fit for a CI job summary) and a self-contained HTML page (inline CSS,
@@ -22,13 +22,14 @@ from pathlib import Path
 
 import jsonschema
 
-from conformance.cells import strip_impl
+from conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
+from conformance.report.cells import strip_impl
 
-SCHEMA = Path(__file__).with_name("report_schema.json")
+SCHEMA = Path(__file__).with_name("schema.json")
 SCHEMA_VERSION = 1
-NOT_RUN = ("unsupported", "skipped")      # left out of the conformance percentage
-FAILING = ("failed", "error")             # listed as failing cells
-ORDER = ("passed", "failed", "error", "xfailed", "xpassed", "unsupported", "skipped")
+NOT_RUN = NOT_REACHED                     # left out of the conformance percentage
+FAILING = BAD                             # listed as failing cells
+ORDER = OUTCOMES
 NOTE = ("Conformance = passed / cells that ran (unsupported and skipped cells left out; "
         "an xfailed, known failure counts as not passed).")
 
@@ -68,7 +69,7 @@ def load(path: str | Path) -> dict:
 
 
 def cell_id(report: dict, cell: dict) -> str:
-    """The cell's id without the implementation (conformance.cells.strip_impl), trying the id the
+    """The cell's id without the implementation (conformance.report.cells.strip_impl), trying the id the
     implementation was selected as, then its name."""
     ids = [i["selected_as"] for i in report["implementations"] if i["name"] == cell["impl"]]
     for impl_id in ids + ([cell["impl"]] if cell["impl"] else []):

@@ -1,0 +1,49 @@
+"""Step-by-step parity of a candidate's training with unsharded data-parallel training.
+
+`train_in_parity` builds the same model twice (same seed), hands one to the candidate's trainer and
+one to `DataParallelReference`, feeds both the same per-rank batches, and after every step compares
+the loss, the full gradients (averaged, unscaled, before clipping), the step's report (total norm,
+skipped, loss scale) and the full parameters. Every comparison's measured error is recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+
+from conformance.checks.support.compare import assert_close
+from conformance.checks.support.dp_reference import DataParallelReference
+from conformance.protocol import Recipe, ShardSpec
+
+
+def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: ShardSpec, recipe: Recipe,
+                    batches: list, *, dtype: torch.dtype | None = None) -> list:
+    """Run len(batches) steps on both sides; return the reference's StepResults. `batches[i]` is this
+    rank's batch of step i. `dtype`: the tolerance's dtype (default: that of the expected values)."""
+    with ctx.seeded(0):
+        model = build().to(ctx.device)
+    reference = DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group)
+    trainer = impl.trainer(model, spec, recipe)
+    results = []
+    for i, batch in enumerate(batches):
+        loss = trainer.forward_backward(batch)
+        ref_loss = reference.forward_backward(batch)
+        assert_close(ctx, loss.float(), ref_loss.float(), f"step {i} loss", dtype=dtype)
+        assert_close(ctx, trainer.full_grads(), reference.full_grads(), f"step {i} gradients", dtype=dtype)
+        got, want = trainer.step(), reference.step()
+        if recipe.clip is not None:
+            assert got.total_norm is not None, f"step {i}: the trainer clipped but reported no total norm"
+            assert_close(ctx, torch.tensor(float(got.total_norm)), torch.tensor(want.total_norm),
+                         f"step {i} total norm", dtype=dtype)
+        if recipe.loss_scale is not None:
+            assert got.skipped == want.skipped, (f"step {i}: skipped={got.skipped}, unsharded data-parallel "
+                                                 f"training skipped={want.skipped}")
+            assert got.scale == want.scale, f"step {i}: loss scale {got.scale}, expected {want.scale}"
+        norm = None if got.total_norm is None else repr(round(float(got.total_norm), 6))  # nan == nan
+        ctx.assert_equal_across_ranks((got.skipped, got.scale, norm), f"step {i} report")
+        assert_close(ctx, trainer.full_params(), reference.full_params(), f"step {i} parameters", dtype=dtype)
+        results.append(want)
+    return results
+

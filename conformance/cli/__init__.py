@@ -1,0 +1,1 @@
+"""The `shardcheck` command: `main.py` parses and dispatches, `progress.py` is what `run` shows."""

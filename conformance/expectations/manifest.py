@@ -1,0 +1,96 @@
+"""Expectation manifests: an implementation's known failures, turned into strict xfails.
+
+    [[xfail]]
+    cells = ["test_clip_grad.py::test_ddp_parity[ws4-*-inf-FULL_SHARD-*]"]   # globs over cell ids
+    reason = "why it fails: the root cause, with the source line where known"
+    repro = "conformance/expectations/repros/fsdp2_inf_norm_empty_shard.py"  # a runnable file in the repo
+    finding = "F9"          # optional: the FINDINGS.md entry (the matrix groups by it)
+    torch = ">=2.13,<2.14"  # optional: torch versions the entry applies to
+    version = "<0.20"       # optional: versions of the implementation itself
+    variants = ["flat"]     # optional: only these variants ("default": the plain name); else all
+
+Any other key is an error, so is an entry without cells, reason and repro. A manifest path given by
+an adapter (its `expectations` attribute) is relative to the adapter's module file. Variants of an
+implementation (`torch-fsdp1[flat]`) share its manifest.
+"""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+from pathlib import Path
+
+import torch
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+HERE = Path(__file__).parent
+REQUIRED = {"cells", "reason", "repro"}
+OPTIONAL = {"finding", "torch", "version", "variants"}
+
+
+class ManifestError(ValueError):
+    pass
+
+
+def path_of(adapter) -> Path:
+    """The adapter's own manifest (relative to its module file), else expectations/<base name>.toml."""
+    given = getattr(adapter, "expectations", None)
+    if given:
+        given = Path(given)
+        if not given.is_absolute():
+            given = Path(inspect.getfile(type(adapter))).parent / given
+        return given
+    return HERE / f"{adapter.name.partition('[')[0]}.toml"
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return Version(text.split("+")[0])
+    except InvalidVersion:
+        return None
+
+
+def _applies(entry: dict, adapter, where: str) -> bool:
+    if "variants" in entry:
+        variant = adapter.name.partition("[")[2].rstrip("]") or "default"
+        if variant not in entry["variants"]:
+            return False
+    for key, current in (("torch", torch.__version__), ("version", adapter.version)):
+        if key not in entry:
+            continue
+        try:
+            spec = SpecifierSet(entry[key])
+        except InvalidSpecifier:
+            raise ManifestError(f"{where}: {key} = {entry[key]!r} is not a version range") from None
+        version = _version(str(current))
+        if version is None or version not in spec:
+            return False
+    return True
+
+
+def load(adapter) -> list[dict]:
+    """The entries of `adapter`'s manifest that apply to the installed torch and implementation."""
+    path = path_of(adapter)
+    if not path.exists():
+        if getattr(adapter, "expectations", None):
+            raise ManifestError(f"{adapter.name}: expectations manifest {path} does not exist")
+        return []
+    try:
+        entries = tomllib.loads(path.read_text()).get("xfail", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{path}: {exc}") from None
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"{path} entry {i + 1}"
+        missing, extra = REQUIRED - set(entry), set(entry) - REQUIRED - OPTIONAL
+        if missing:
+            raise ManifestError(f"{where} lacks {', '.join(sorted(missing))}")
+        if extra:
+            raise ManifestError(f"{where}: unknown key(s) {', '.join(sorted(extra))} "
+                                f"(known: {', '.join(sorted(REQUIRED | OPTIONAL))})")
+        if not isinstance(entry["cells"], list) or not entry["cells"]:
+            raise ManifestError(f"{where}: cells must be a non-empty list of globs")
+        if _applies(entry, adapter, where):
+            out.append({**entry, "_path": str(path)})
+    return out

@@ -1,0 +1,67 @@
+"""The capability vocabulary: what checks may ask for and adapters may declare.
+
+Two layers, matching the two layers of checks:
+
+* *behaviour* capabilities say what a data-parallel trainer can be asked to do at all (shard with a
+  strategy, clip with a norm type, scale the loss, compute in lower precision). Any engine can
+  declare them: they say nothing about how it does it.
+* *api* capabilities say which of torch's FSDP-style APIs the implementation exposes (a
+  `clip_grad_norm_` callable on a module whose `p.grad` are live, a sharded GradScaler object,
+  FSDP1 comm hooks, FSDP2 all-gather extensions, ...). Only the API-layer checks ask for them.
+
+A check that needs a capability the adapter lacks is *unsupported*: never a pass.
+"""
+
+from __future__ import annotations
+
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+
+BEHAVIOUR = {
+    "full_shard": "FULL_SHARD: parameters, gradients and optimizer state sharded; reshard after forward",
+    "shard_grad_op": "SHARD_GRAD_OP: gradients and optimizer state sharded; full parameters kept "
+                     "from forward to backward (ZeRO-2)",
+    "no_shard": "NO_SHARD: replicated parameters, averaged gradients (DDP semantics; ZeRO-1 shards "
+                "only the optimizer state and still answers here)",
+    "hybrid_shard": "HYBRID_SHARD: shard within groups of a 2-D (replicate, shard) mesh, replicate across",
+    "clip_norm_1": "clip gradients by their global 1-norm",
+    "clip_norm_2": "clip gradients by their global 2-norm",
+    "clip_norm_inf": "clip gradients by their global inf-norm",
+    "loss_scaling": "dynamic loss scaling: skip the step on inf/NaN anywhere, back off, grow",
+    "mixed_precision_bf16": "compute in bfloat16 with float32 master parameters",
+    "mixed_precision_fp16": "compute in float16 with float32 master parameters",
+}
+
+API = {
+    "mixed_strategy": "different strategies for different units of one model",
+    "nested_units": "sub-modules sharded as their own units inside a sharded root",
+    "mixed_precision": "FSDP-style MixedPrecision (param/reduce/buffer dtypes) on ShardSpec",
+    "keep_low_precision_grads": "gradients left in the reduce dtype",
+    "cpu_offload": "sharded parameters and gradients kept on the CPU",
+    "clip_grad_norm": "clip_grad_norm_ over the live p.grad of a sharded module (torch's API)",
+    "sharded_grad_scaler": "a GradScaler object whose found_inf is agreed across ranks",
+    "comm_hooks": "register_comm_hook on the root with per-unit introspection",
+    "compression_hooks": "fp16/bf16 gradient compression hooks",
+    "all_gather_extensions": "fsdp_pre_all_gather / fsdp_post_all_gather on local shards",
+    "meta_init": "shard on the meta device, then to_empty() and initialise",
+    "tensor_parallel": "2-D data x tensor parallel (DTensor) composition",
+    "dtensor_grads": "gradients are DTensors, so collectives can be counted with CommDebugMode",
+}
+
+CAPABILITIES = {**BEHAVIOUR, **API}
+
+
+def of_strategy(strategy: str) -> str:
+    """The capability a sharding strategy needs: `FULL_SHARD` -> `full_shard`."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown sharding strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+    return strategy.lower()
+
+
+def of_norm(norm_type: float) -> str:
+    """The capability clipping with `norm_type` needs: 2.0 -> `clip_norm_2`, inf -> `clip_norm_inf`."""
+    return "clip_norm_inf" if norm_type == float("inf") else f"clip_norm_{int(norm_type)}"
+
+
+def unknown(names) -> list[str]:
+    """The names that are not in the vocabulary (a typo must not silently mean 'unsupported')."""
+    return sorted(set(names) - set(CAPABILITIES))

@@ -1,0 +1,54 @@
+"""The outcome of a cell, one vocabulary for the plugin, the report, the progress display and the
+matrix; and `Unsupported`, the outcome's exception.
+
+    passed      the implementation did what the check states
+    failed      it did not (or an expectation-listed cell passed: strict xfail)
+    error       the cell could not be set up or torn down
+    xfailed     a known failure listed in the implementation's expectations manifest
+    xpassed     (not produced: manifests are strict, a passing known failure fails)
+    unsupported the cell needs a capability the implementation does not declare: never a pass
+    skipped     the machine cannot run the cell (backend, devices): never a pass either
+"""
+
+from __future__ import annotations
+
+import pytest
+
+OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "unsupported", "skipped")
+BAD = ("failed", "error")                 # what makes a run fail
+REACHED = ("passed", "failed", "error", "xfailed", "xpassed")   # cells that reached a verdict
+NOT_REACHED = ("unsupported", "skipped")  # left out of conformance, counted against coverage
+
+_PREFIX = "unsupported:"
+PROPERTY = "shardcheck_outcome"  # the user property that carries a cell's outcome through xdist
+
+
+class Unsupported(pytest.skip.Exception):
+    """Raised by an adapter or a check when a cell needs a feature the implementation lacks.
+
+    It travels like a skip (also from rank processes, where only its message survives), and the
+    plugin turns it into the outcome `unsupported`."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(f"{_PREFIX} {msg}")
+
+
+def is_unsupported_message(text: str) -> bool:
+    """Whether a skip's text came from `Unsupported` (the form in which it crosses processes)."""
+    return _PREFIX in text
+
+
+def outcome_of(report) -> str | None:
+    """The cell's outcome that a pytest phase report decides, or None (a passed setup/teardown)."""
+    marked = dict(getattr(report, "user_properties", ())).get(PROPERTY)
+    if marked:
+        return marked
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.outcome == "skipped":
+        return "unsupported" if is_unsupported_message(str(report.longrepr)) else "skipped"
+    if report.when == "call":
+        return report.outcome
+    if report.outcome == "failed":
+        return "error"
+    return None

@@ -1,0 +1,139 @@
+"""pytest plugin (entry point `pytest11: shardcheck-conformance`): which implementations are checked.
+
+- `--impl NAME` (repeatable, or comma-separated; also $SHARDCHECK_IMPL): every test taking the `impl`
+  fixture runs once per implementation (`[reference]`, `[torch-fsdp1[flat]]`, ...).
+- `@pytest.mark.requires("cpu_offload", ...)` names the capabilities a cell needs;
+  `@pytest.mark.requires.with_args(lambda params: {...})` derives them from the cell's parameters
+  (`with_args`: a lone callable would be taken for the decorated function). Every name must be in
+  the vocabulary (conformance/protocol/capabilities.py). A cell whose adapter lacks one is
+  *unsupported*: its own outcome (U), never a pass, never a failure. So is a cell whose adapter or
+  check raises `Unsupported`, on any rank.
+- Each implementation's expectations manifest turns known failures into strict xfails: a cell that
+  now passes fails, and so does an entry that matches no collected cell.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from pathlib import Path
+
+import pytest
+
+from conformance import adapters
+from conformance.expectations import manifest
+from conformance.protocol import capabilities, outcomes
+from conformance.report.cells import strip_impl
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("shardcheck-conformance", "shardcheck conformance: implementations")
+    group.addoption("--impl", action="append", default=None,
+                    help="implementation(s) to check: a built-in name (reference, torch-fsdp2, "
+                         "torch-fsdp1, ddp, deepspeed), NAME[variant], an entry point of group "
+                         "'shardcheck.adapters', or pkg.module:attr. Repeatable. Default: "
+                         "$SHARDCHECK_IMPL or reference.")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires(*capabilities): capabilities the cell needs")
+    names = config.getoption("impl") or [os.environ.get("SHARDCHECK_IMPL", "reference")]
+    names = [n.strip() for chunk in names for n in _split(chunk) if n.strip()]
+    if not names:
+        raise pytest.UsageError("--impl: no implementation named")
+    try:
+        config._shardcheck_impls = {n: adapters.load(n) for n in dict.fromkeys(names)}
+        config._shardcheck_manifests = {n: manifest.load(a) for n, a in config._shardcheck_impls.items()}
+    except (adapters.UnknownAdapter, manifest.ManifestError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _split(chunk: str) -> list[str]:
+    """Comma-separated names; a comma inside [variant] brackets does not split."""
+    out, depth, cur = [], 0, ""
+    for ch in chunk:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur]
+
+
+def pytest_report_header(config):
+    return [f"shardcheck impl {name}: {a.name} {a.version} [{', '.join(sorted(a.capabilities))}]"
+            for name, a in config._shardcheck_impls.items()]
+
+
+def pytest_generate_tests(metafunc):
+    if "impl" in metafunc.fixturenames:
+        impls = metafunc.config._shardcheck_impls
+        metafunc.parametrize("impl", list(impls.values()), ids=list(impls))
+
+
+def required_capabilities(item) -> set[str]:
+    needed: set[str] = set()
+    params = getattr(item, "callspec", None) and item.callspec.params or {}
+    for marker in item.iter_markers("requires"):
+        for arg in marker.args:
+            needed |= set(arg(params)) if callable(arg) else {arg}
+    return needed
+
+
+def _adapter_of(item):
+    return getattr(item, "callspec", None) and item.callspec.params.get("impl")
+
+
+def pytest_runtest_setup(item):
+    adapter = _adapter_of(item)
+    if adapter is None:
+        return
+    missing = sorted(required_capabilities(item) - set(adapter.capabilities))
+    if missing:
+        raise outcomes.Unsupported(f"{adapter.name} does not declare {', '.join(missing)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Unsupported is an outcome of its own: carried as a user property (it survives xdist)."""
+    rep = (yield).get_result()
+    if rep.skipped and outcomes.is_unsupported_message(str(rep.longrepr)) and not hasattr(rep, "wasxfail"):
+        rep.user_properties.append((outcomes.PROPERTY, "unsupported"))
+
+
+def pytest_report_teststatus(report, config):
+    if outcomes.outcome_of(report) == "unsupported":
+        return "unsupported", "U", "UNSUPPORTED"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Check every requires() name; mark known failures as strict xfails before -k/-m deselect."""
+    for item in items:
+        if _adapter_of(item) is None:
+            continue
+        bad = capabilities.unknown(required_capabilities(item))
+        if bad:
+            raise pytest.UsageError(f"{item.nodeid}: requires unknown capability {', '.join(bad)}")
+    collected_files = {Path(i.nodeid.split("::")[0]).name for i in items}
+    for impl_name, entries in config._shardcheck_manifests.items():
+        used = set()
+        for item in items:
+            if _adapter_of(item) is not config._shardcheck_impls[impl_name]:
+                continue
+            cell = strip_impl(item.nodeid, impl_name)
+            for i, entry in enumerate(entries):
+                if any(fnmatch.fnmatchcase(cell, pattern.replace("[", "[[]")) for pattern in entry["cells"]):
+                    used.add(i)
+                    item.add_marker(pytest.mark.xfail(strict=True, reason=f"known: {entry['reason']}"))
+                    item.user_properties.append(("expectation", {k: entry[k] for k in
+                                                                 ("reason", "repro", "finding") if k in entry}))
+                    break
+        for i, entry in enumerate(entries):
+            files = {p.split("::")[0] for p in entry["cells"]}
+            if i not in used and files & collected_files:
+                raise pytest.UsageError(f"{entry['_path']}: entry matches no cell: {entry['cells']} "
+                                        f"({entry['reason']}); remove or fix it")
