@@ -85,5 +85,5 @@ def test_unknown_implementation_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "nope", "--co"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4
-    assert "unknown implementation 'nope'; available: ddp, reference, torch-fsdp1, torch-fsdp2" in proc.stderr
+    assert "unknown implementation 'nope'; available: ddp, deepspeed, reference, torch-fsdp1, torch-fsdp2" in proc.stderr
     assert "Traceback" not in proc.stderr
