@@ -51,6 +51,9 @@ class Trainer(Protocol):
     def full_params(self) -> dict[str, torch.Tensor]:
         """{name: the full float32 (master) parameter}. Collective."""
 
+    # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
+    # engine state) whether it passed or not.
+
 
 @runtime_checkable
 class Adapter(Protocol):

@@ -26,6 +26,14 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
         model = build().to(ctx.device)
     reference = DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group)
     trainer = impl.trainer(model, spec, recipe)
+    try:
+        return _steps(ctx, trainer, reference, recipe, batches, dtype)
+    finally:
+        if hasattr(trainer, "close"):
+            trainer.close()
+
+
+def _steps(ctx, trainer, reference, recipe, batches, dtype) -> list:
     results = []
     for i, batch in enumerate(batches):
         loss = trainer.forward_backward(batch)

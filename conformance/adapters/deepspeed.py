@@ -1,0 +1,98 @@
+"""DeepSpeed ZeRO behind the behaviour protocol (optional: `pip install -e '.[deepspeed]'`, see README).
+
+The engine owns the step: `deepspeed.initialize` wraps the model and a client torch optimizer built
+from the recipe; `engine.backward` reduces gradients into the optimizer's partitions (`p.grad` stays
+None), `engine.step` clips by the configured global L2 norm and updates. Strategies map to the
+nearest ZeRO stage: FULL_SHARD -> 3, SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only the optimizer state
+sharded; parameters and gradients replicated). Honest limits on a CPU accelerator: L2 clipping only
+(`gradient_clipping`), no fp16 and so no dynamic loss scaling, no HYBRID_SHARD mesh.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from conformance.protocol import StepResult, Unsupported
+
+STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1}
+if importlib.util.find_spec("deepspeed") is None:
+    raise ImportError("deepspeed is not installed: see the README (pip install -e '.[deepspeed]')")
+
+
+def _deepspeed():
+    """Import DeepSpeed on the CPU accelerator, without JIT-building its shared-memory comm op."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import deepspeed.ops
+    # deepspeed/comm/torch.py builds the op (30-100 s of C++) unless marked incompatible; only
+    # inference_all_reduce uses it, never training.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+class DeepSpeedTrainer:
+    def __init__(self, ds, model, spec, recipe):
+        self.recipe, self.clip = recipe, recipe.clip
+        world = torch.distributed.get_world_size(spec.mesh.get_group())
+        mp = spec.mixed_precision
+        config = {
+            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": world,
+            "gradient_clipping": float(self.clip.max_norm) if self.clip else 0.0,  # its default is 1.0
+            "zero_allow_untested_optimizer": True,  # a client torch optimizer (SGD is "untested")
+            "zero_optimization": {"stage": STAGES[spec.strategy]},
+            "bf16": {"enabled": bool(mp and mp.param_dtype == torch.bfloat16)},
+            "steps_per_print": 1 << 30,
+        }
+        if config["bf16"]["enabled"]:
+            config["communication_data_type"] = "fp32"  # reduce_dtype float32
+        self.engine, *_ = ds.initialize(model=model, optimizer=recipe.optimizer.build(model.parameters()),
+                                        config=config, mpu=None)
+        if config["bf16"]["enabled"]:  # a bf16 engine does not cast its inputs: cast them as FSDP does
+            self.engine.module.register_forward_pre_hook(lambda _, args: tuple(
+                a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+
+    def forward_backward(self, batch):
+        loss = self.recipe.loss_fn(self.engine, batch)
+        self.engine.backward(loss)
+        return loss.detach()
+
+    def full_grads(self):
+        from deepspeed.utils import safe_get_full_grad
+
+        return {n: None if (g := safe_get_full_grad(p)) is None else g.detach().float().clone()
+                for n, p in self.engine.module.named_parameters()}
+
+    def step(self):
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm() if self.clip else None
+        return StepResult(total_norm=None if norm is None else float(norm))
+
+    def full_params(self):
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {n: (p.detach() if (v := safe_get_full_fp32_param(p)) is None else v).float().clone()
+                for n, p in self.engine.module.named_parameters()}
+
+    def close(self):
+        self.engine.destroy()  # ZeRO's gradient and (stage 3) module hooks
+
+
+class DeepSpeedAdapter:
+    name = "deepspeed"
+    capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "clip_norm_2", "mixed_precision_bf16"})
+
+    version = importlib.metadata.version("deepspeed")
+
+    def trainer(self, model, spec, recipe):
+        if "LOCAL_RANK" not in os.environ:
+            pytest.skip("DeepSpeed needs one process per rank with LOCAL_RANK set (not thread mode)")
+        if spec.units and spec.unit_strategies or len(spec.strategies) > 1:
+            raise Unsupported("one ZeRO stage per engine: no per-unit strategies")
+        if recipe.loss_scale is not None or (spec.mixed_precision and spec.mixed_precision.param_dtype == torch.float16):
+            raise Unsupported("fp16 and dynamic loss scaling need an accelerator DeepSpeed supports")
+        return DeepSpeedTrainer(_deepspeed(), model, spec, recipe)
