@@ -48,8 +48,8 @@ class DeepSpeedTrainer:
             "bf16": {"enabled": bool(mp and mp.param_dtype == torch.bfloat16)},
             "steps_per_print": 1 << 30,
         }
-        if config["bf16"]["enabled"]:
-            config["communication_data_type"] = "fp32"  # reduce_dtype float32
+        if config["bf16"]["enabled"]:  # reduce_dtype float32: accumulate and communicate in float32
+            config.update(communication_data_type="fp32", data_types={"grad_accum_dtype": "fp32"})
         self.engine, *_ = ds.initialize(model=model, optimizer=recipe.optimizer.build(model.parameters()),
                                         config=config, mpu=None)
         if config["bf16"]["enabled"]:  # a bf16 engine does not cast its inputs: cast them as FSDP does
