@@ -1,7 +1,8 @@
 """How each implementation is sharded, inspected and stepped inside a fake world.
 
-Every simulator shards the same units (each transformer block, then the root, FULL_SHARD over
-the whole world), reads back what *the implementation* decided per parameter (local shape, padded
+Every simulator shards through the implementation's adapter, from the same registry as
+`shardcheck run` (each transformer block as a unit, then the root, FULL_SHARD over the whole world),
+reads back what *the implementation* decided per parameter (local shape, padded
 rows, bytes of storage held), runs one forward + backward under the collective counter as far as
 the implementation allows on this device, and says how far that was (``coverage``).
 """
@@ -11,7 +12,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from conformance import adapters
+from conformance.protocol import ShardSpec
+
 from .comms import CollectiveCounter
+
+
+def _shard(name: str, model: nn.Module, device_type: str) -> nn.Module:
+    """FULL_SHARD of every block and the root, by the named implementation's adapter."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    units = tuple(f"blocks.{i}" for i in range(len(model.blocks)))
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    return adapters.load(name).shard(model, ShardSpec(strategy="FULL_SHARD", units=units, mesh=mesh))
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
@@ -33,9 +46,7 @@ class ReferenceSim:
     def shard(self, model: nn.Module) -> nn.Module:
         import reference_impl as ri
 
-        for block in model.blocks:
-            ri.shard(block)
-        ri.shard(model)
+        model = _shard(self.name, model, "cpu")
         for unit in ri.units(model):
             unit.device = torch.device("meta")  # all-gather into meta buffers, not onto the CPU
         return model
@@ -68,17 +79,10 @@ class TorchFSDP2Sim:
     name = "torch-fsdp2"
     coverage = ("sharding at init (meta); then to_empty(cpu) materialises only the local shards and "
                 "one forward + backward runs on the CPU (FSDP2 refuses meta parameters in training); "
-                "the root keeps its parameters after forward, so it is gathered once, blocks twice")
+                "FULL_SHARD reshards every unit after forward, the root too, so each is gathered twice")
 
     def shard(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
+        return _shard(self.name, model, "cpu")
 
     def rows(self, model: nn.Module) -> list[dict]:
         from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
@@ -103,10 +107,10 @@ class TorchFSDP2Sim:
         return counter
 
     def expected(self, units: list[list[dict]], ws: int) -> dict:
-        """Blocks: gathered in forward and again in backward; root: once; one reduce-scatter each."""
+        """Every unit (FULL_SHARD: reshard_after_forward=True, root included) gathered in forward and
+        again in backward; one reduce-scatter each."""
         sizes = [ws * sum(p["chunk"] * p["row_numel"] * p["itemsize"] for p in u) for u in units]
-        root, blocks = sizes[-1], sizes[:-1]
-        return {"all_gather": {"count": 2 * len(blocks) + 1, "bytes": 2 * sum(blocks) + root},
+        return {"all_gather": {"count": 2 * len(sizes), "bytes": 2 * sum(sizes)},
                 "reduce_scatter": {"count": len(sizes), "bytes": sum(sizes)}}
 
 
@@ -114,6 +118,11 @@ SIMULATORS = {s.name: s for s in (ReferenceSim, TorchFSDP2Sim)}
 
 
 def simulator(name: str):
+    """The simulator of a registered implementation: it shards through the adapter, and knows how
+    to read that implementation's per-parameter layout (padding, storage), which no protocol exposes."""
+    if name not in adapters.available():
+        raise ValueError(f"unknown implementation {name!r}; available: {', '.join(sorted(adapters.available()))}")
     if name not in SIMULATORS:
-        raise ValueError(f"no simulator for implementation {name!r}; choose from {', '.join(SIMULATORS)}")
+        raise ValueError(f"no simulator for implementation {name!r} (it must read the implementation's shard "
+                         f"layout); simulated: {', '.join(SIMULATORS)}")
     return SIMULATORS[name]()

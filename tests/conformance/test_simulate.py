@@ -95,7 +95,8 @@ def test_cli_writes_a_passing_report(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "nope"], "unknown model preset 'nope'"),
-    (["--impl", "nope"], "no simulator for implementation 'nope'"),
+    (["--impl", "nope"], "unknown implementation 'nope'"),
+    (["--impl", "ddp"], "no simulator for implementation 'ddp'"),
     (["--rank", "64"], "rank 64 is outside world size 64"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
