@@ -1,7 +1,9 @@
 """torch DistributedDataParallel: the unsharded baseline behind the adapter protocol.
 
 Every strategy is NO_SHARD in effect, so only "no_shard" is declared; parameters and (already
-all-reduced, averaged) gradients are whole on every rank.
+all-reduced, averaged) gradients are whole on every rank. No mixed precision: DDP's only one is the
+private, experimental `_MixedPrecision`, which on CPU raises "cpu backend doesn't support events"
+in its forward (torch 2.13), so those cells are unsupported.
 """
 
 from __future__ import annotations
