@@ -123,11 +123,25 @@ def test_scaling_unscaling_sparse(ctx, impl):
     # fp16 sparse gradient whose duplicate indices overflow when coalesced (2**15 + 2**15 > 65504)
     i = torch.tensor([[1, 1, 1], [0, 0, 2]], device=dev, dtype=torch.int64)
     v = torch.tensor([2**15, 2**15, 1.0], dtype=torch.float16, device=dev)
-    s1 = torch.sparse_coo_tensor(i, v, torch.Size([2, 3]), device=dev, dtype=torch.float16)
-    s1.grad = s1.clone()
+    # SEED FINDING (seed 001, test_scaling_unscaling_sparse): the seed rebinds `s1` here but keeps
+    # unscaling `opt`, which still holds the FIRST s1, whose grad is the inf gradient of the previous
+    # sub-case: found_inf == 1 came from that leftover inf, never from fp16 overflow, so a scaler that
+    # cannot detect an overflow on coalescing passed. Here the fp16 tensor gets its own optimizer.
+    s2 = torch.sparse_coo_tensor(i, v, torch.Size([2, 3]), device=dev, dtype=torch.float16)
+    s2.grad = s2.clone()
+    assert torch.isfinite(s2.grad._values()).all()  # every stored value is finite: only coalescing overflows
+    opt16 = torch.optim.SGD([s2], lr=1.0)
     found_inf.zero_()
-    found = scaler._unscale_grads_(opt, inv_scale, found_inf, True)[s1.device]  # allow_fp16: positional in every GradScaler
-    assert found.item() == 1.0, found
+    found = scaler._unscale_grads_(opt16, inv_scale, found_inf, True)[s2.device]  # allow_fp16: positional in every GradScaler
+    assert found.item() == 1.0, f"fp16 sparse gradient overflowing on coalescing (2**15 + 2**15) not detected: {found}"
+    # and the finite fp16 sparse gradient (no duplicate indices) does not report inf
+    s3 = torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 2]], device=dev), torch.tensor([2.0**14, 1.0], dtype=torch.float16, device=dev),
+                                 torch.Size([2, 3]), device=dev, dtype=torch.float16)
+    s3.grad = s3.clone()
+    found_inf.zero_()
+    found = scaler._unscale_grads_(torch.optim.SGD([s3], lr=1.0), inv_scale, found_inf, True)[s3.device]
+    assert found.item() == 0.0, f"finite fp16 sparse gradient reported inf: {found}"
+    assert_close(ctx, s3.grad.to_dense().float(), torch.tensor([[2.0**13, 0, 0], [0, 0, 0.5]], device=dev), "fp16 sparse grad unscaled")
 
 
 @distributed(world_size=[2, 4])
@@ -151,20 +165,27 @@ def test_inf_gradients_skip_optim_step(ctx, impl):
 # ---------------------------------------------------------------------------------------------
 # Parity with unsharded training (seed: test_fsdp_ddp_parity_with_grad_scaler)
 # ---------------------------------------------------------------------------------------------
-# The seed loops over CUDAInitMode (CUDA_BEFORE / CUDA_AFTER, plus CUDA_NEVER with offload): where the
-# model lives before sharding. On a CPU-only machine all three are the same (the model is built on
-# ctx.device, which is the CPU), so each config is one cell; with a GPU the model is built on
-# ctx.device before sharding (CUDA_BEFORE). The seed's CUDA_AFTER + offload case expects an error
-# about parameters on cuda, which cannot happen on CPU.
+# The seed loops over CUDAInitMode, where the model lives when it is sharded: CUDA_BEFORE (moved to
+# the device, then sharded), CUDA_AFTER (sharded on the CPU, then moved) and, with CPU offload only,
+# CUDA_NEVER (never moved). Each is its own cell here (`init`: device_before / device_after /
+# device_never). CUDA_AFTER with offload must RAISE (an offloaded module whose parameters were moved
+# to the device). On a CPU-only machine the device IS the CPU, so device_after / device_never are the
+# same run as device_before and the expected error cannot arise: those cells are generated and skip
+# with that reason; they run where ctx.device is an accelerator.
+# After every step the seed's parity helper saves the state_dict, zeroes the parameters and loads it
+# back (`_train_for_several_steps(save_model=True)`): a broken save/load breaks parity. Done here too.
 
-PARITY_CONFIGS = list(itertools.product([True, False], ["SHARD_GRAD_OP", "FULL_SHARD"], ["fp16", None],
-                                        ["nonuniform", "nested"]))
+INIT_MODES = ("device_before", "device_after", "device_never")
+PARITY_CONFIGS = [(offload, strategy, mp, model, init)
+                  for offload, strategy, mp, model in itertools.product([True, False], ["SHARD_GRAD_OP", "FULL_SHARD"],
+                                                                         ["fp16", None], ["nonuniform", "nested"])
+                  for init in INIT_MODES if init != "device_never" or offload]
 
 
 def _parity_id(cfg):
-    offload, strategy, mp, model = cfg
+    offload, strategy, mp, model, init = cfg
     return "-".join([f"offload_{str(offload).lower()}", strategy.lower(),
-                     "mixed_precision" if mp else "full_precision", model])
+                     "mixed_precision" if mp else "full_precision", model, init])
 
 
 def _parity_caps(params):
@@ -179,13 +200,28 @@ def _parity_caps(params):
 PARITY_STEPS = 5
 
 
-# World size 2 only (the seed's). At 4, the fp16 cells on the threaded group fail by a few fp16 ulps:
-# its all_reduce (this check's reference) and reduce_scatter (the candidate's) sum fp16 in different
-# orders, so exact emulation breaks; the right fp16 tolerance for reduced gradients is still open.
-@distributed(world_size=2)
+def _zero_params_(model) -> None:
+    """The seed's `_zero_model`: every parameter (each rank's shard of it) set to 0."""
+    with torch.no_grad():
+        for p in model.parameters():
+            _local(p).zero_()
+
+
+def _state_dict_round_trip(model) -> None:
+    """The seed's save_model step: clone the state_dict, zero the parameters, load it back."""
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    _zero_params_(model)
+    model.load_state_dict(state)
+
+
+# World sizes 2 (the seed's) and 4. The fp16 reference emulates the reduction (pre-divide, fp16
+# all-reduce, post-divide) exactly; on gloo its all_reduce and the candidate's reduce-scatter sum in
+# the same rank order. (On the threaded group the two sum fp16 in different orders at 4 ranks, so
+# the fp16 cells are compared there up to a few fp16 ulps would be needed: run them on gloo.)
+@distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_parity_caps)
-@pytest.mark.parametrize("offload,strategy,mp,model_kind", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
-def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, model_kind):
+@pytest.mark.parametrize("offload,strategy,mp,model_kind,init", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
+def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, model_kind, init):
     """Seed: use_orig_params=True trains NonUniformReqGradNWM (some ranks own no trainable shard)
     with init_scale 2**11; use_orig_params=False trains NestedWrappedModule with the default scale
     2**16. SGD(lr=0.01, momentum=0.9) on `output.sum()`, per-rank inputs. Here the model is the axis
@@ -200,6 +236,11 @@ def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, mode
     SGD updates. That is exactly MixedPrecision(param=reduce=buffer=fp16) semantics, so overflow
     (found_inf -> skipped step, scale backed off) happens on the same steps on both sides.
     """
+    on_accelerator = ctx.device.type != "cpu"
+    if init != "device_before" and not on_accelerator:
+        pytest.skip(f"{init}: where the model lives when sharded (seed CUDAInitMode) only differs from "
+                    f"device_before with an accelerator; this run's device is the CPU")
+    build_device = ctx.device if init == "device_before" else torch.device("cpu")
     mp_dtype = torch.float16 if mp == "fp16" else None
     nonuniform = model_kind == "nonuniform"
     model_cls = NonUniformReqGradNWM if nonuniform else NestedWrappedModule
@@ -207,14 +248,23 @@ def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, mode
     with ctx.seeded(0):
         # freeze=False: the seed freezes NonUniformReqGradNWM after wrapping; do the same below
         kw = {"freeze": False} if nonuniform else {}
-        model = model_cls(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device, **kw)
-    ref = copy.deepcopy(model)
+        model = model_cls(ctx.rank, ctx.world_size, deterministic=True, device=build_device, **kw)
+    ref = copy.deepcopy(model).to(ctx.device)
     # The seed's MixedPrecision(param=reduce=buffer=fp16). Both models have no buffers, so buffer_dtype
     # changes nothing; it is left None so that implementations without buffer_dtype (FSDP2) run too.
     assert not list(model.buffers())
     spec = ShardSpec(strategy=strategy, units=_unit_paths(model), offload=offload,
                      mixed_precision=MixedPrecision(mp_dtype, mp_dtype) if mp_dtype else None)
     model = impl.shard(model, spec)
+    if init == "device_after":  # seed CUDA_AFTER: moved to the device after sharding
+        if offload:  # the seed expects an error: offloaded parameters must stay on the CPU
+            with pytest.raises(RuntimeError, match="(?i)offload"):
+                model.to(ctx.device)
+                with ctx.seeded(0):
+                    (inp,) = ref.get_input(ctx.device)
+                model(inp).sum().backward()
+            return
+        model = model.to(ctx.device)
     if nonuniform:
         _set_nonuniform_req_grad(model)
         _set_nonuniform_req_grad(ref)
@@ -261,7 +311,9 @@ def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, mode
         steps_taken += scaler.get_scale() >= scale
         for p in model.parameters():
             assert _local(p).device.type == ("cpu" if offload else ctx.device.type), p.device
-        assert_close(ctx, impl.full_params(model), dict(ref.named_parameters()), f"params after step {step}")
+        _state_dict_round_trip(model)
+        assert_close(ctx, impl.full_params(model), dict(ref.named_parameters()), f"params after step {step} "
+                     "(state_dict saved, parameters zeroed, state_dict loaded)")
     ctx.assert_equal_across_ranks(scaler.get_scale(), "scale")
     ctx.record("steps_taken", steps_taken)
     # Not vacuous: at least one step was not skipped for overflow, so the params really moved.
@@ -323,12 +375,20 @@ def test_sharded_grad_scaler_found_inf(ctx, impl, offload):
                     assert torch.equal(_local(p).detach(), b), f"{name} rank {ctx.rank} it {it}: stepped despite inf"
             else:
                 assert sc.get_scale() == orig_scale, f"{name} it {it}: scale {sc.get_scale()} != {orig_scale}"
-                assert any(not torch.equal(_local(p).detach(), b) for p, b in zip(with_grad, before)) or not with_grad, \
-                    f"{name} rank {ctx.rank} it {it}: no parameter changed on a finite step"
+                # torch's test requires EVERY parameter to change on a finite step (Adam moves every
+                # parameter whose gradient is nonzero). Empty local shards have nothing to change.
+                for (pname, p), b in zip(_named_with_grad(m), before):
+                    if b.numel() and torch.count_nonzero(_local(p.grad)):
+                        assert not torch.equal(_local(p).detach(), b), \
+                            f"{name} rank {ctx.rank} it {it}: {pname} unchanged on a finite step"
         ctx.assert_equal_across_ranks(scaler.get_scale(), f"scale after it {it}")
         assert_close(ctx, scaled["sharded"], scaled["reference"], f"scaled loss it {it}")
         assert_close(ctx, _without_key_bias(impl.full_params(model)), _without_key_bias(dict(ref.named_parameters())),
                      f"params after it {it}")
+
+
+def _named_with_grad(m) -> list:
+    return [(n, p) for n, p in m.named_parameters() if p.grad is not None]
 
 
 def _without_key_bias(params: dict) -> dict:
