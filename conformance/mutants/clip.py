@@ -21,8 +21,7 @@ class ClipLocalNorm(MutantAdapter):
 
     name = "mutant-clip-local-norm"
     bug = "clip norm from the local shard only (no all-reduce)"
-    checks = ("test_clip_grad_dtensor.py::test_clip_grad_norm_1d", "test_clip_grad_dtensor.py::test_clip_grad_norm_2d",
-              "test_train_parity.py::test_train_parity")
+    checks = ("test_clip_grad_dtensor.py::test_clip_grad_norm_1d", "test_train_parity.py::test_train_parity")
 
     def patch(self) -> None:
         _, clip = _modules()

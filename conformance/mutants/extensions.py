@@ -27,7 +27,9 @@ class ExtensionInstanceHooksIgnored(MutantAdapter):
 
     name = "mutant-ext-instance-hooks-ignored"
     bug = "all-gather hooks patched onto the shard object ignored (class lookup only)"
-    checks = ("test_extensions.py::test_monkey_patch", "test_extensions.py::test_train_parity")
+    # not test_train_parity: its hooks live on a subclass, which a class lookup finds (the old
+    # catalogue listed it, but -x stopped at monkey_patch, so that claim was never run)
+    checks = ("test_extensions.py::test_monkey_patch",)
 
     def patch(self) -> None:
         from reference_impl.extensions import has_extension

@@ -43,6 +43,7 @@ class GradNotAveraged(MutantAdapter):
               "test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler",
               "test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler_ws4",
               "test_train_parity.py::test_optimizer_parity")
+    world_sizes = (2, 4)  # test_fsdp_ddp_parity_with_grad_scaler_ws4 runs at 4 only
 
     def patch(self) -> None:
         C = _collectives()
@@ -131,6 +132,7 @@ class HybridNoReplicaReduce(MutantAdapter):
     name = "mutant-hybrid-no-replica-reduce"
     bug = "HYBRID_SHARD gradients reduced within the shard group only, not across replicas"
     checks = ("test_train_parity.py::test_train_parity_hybrid",)
+    world_sizes = (4,)  # HYBRID needs a replicate dimension > 1
 
     def patch(self) -> None:
         C = _collectives()
