@@ -6,78 +6,113 @@ process-global and never undone, so run each mutant in its own pytest process;
 ``tests/conformance/test_mutants.py`` does, over the check functions listed here, and asserts that
 every mutant is killed (some cell FAILS) while the unmutated reference passes the same cells.
 
-Catalogue (checks: the check functions expected to kill it, under conformance/checks/; a mutant with
-``survivor`` set is a documented gap in the checks, run as a strict xfail):
+Catalogue (checks: the check functions that must each kill it, under conformance/checks/; every
+listed check runs and must have a FAILED cell: ``test_mutants.py`` skips a check's remaining cells
+once one failed (``conformance/mutants/_per_check.py``). Every check function under
+conformance/checks is listed for at least one mutant, except those in ``test_mutants.UNREACHABLE``
+(with the reason). A mutant with ``survivor`` set is a documented gap in the checks, run as a
+strict xfail):
 
-=====================================  ==============================================================  =================================================================
-mutant (class)                         bug class modelled                                              checks expected to kill it
-=====================================  ==============================================================  =================================================================
-mutant-clip-local-norm                 clip norm from the local shard only (no all-reduce)             test_clip_grad_dtensor.py::test_clip_grad_norm_1d
-  (ClipLocalNorm)
-mutant-clip-replicated-overcount       NO_SHARD/replicated grads counted once per rank in the norm     test_clip_grad.py::test_ddp_parity
+====================================  ==================================================================================  ==================================================================
+mutant (class)                        bug class modelled                                                                  checks that must each kill it
+====================================  ==================================================================================  ==================================================================
+mutant-clip-local-norm                clip norm from the local shard only (no all-reduce)                                 test_clip_grad_dtensor.py::test_clip_grad_norm_1d
+  (ClipLocalNorm)                                                                                                         test_train_parity.py::test_train_parity
+mutant-clip-replicated-overcount      NO_SHARD/replicated gradients counted once per rank in the norm                     test_clip_grad.py::test_ddp_parity
   (ClipReplicatedOvercount)
-mutant-clip-inf-summed                 inf-norm all-reduced with SUM instead of MAX                    test_clip_grad_dtensor.py::test_clip_grad_norm_1d
+mutant-clip-inf-summed                inf-norm all-reduced with SUM (sum of per-rank maxima) instead of MAX               test_clip_grad_dtensor.py::test_clip_grad_norm_1d
   (ClipInfSummed)
-mutant-clip-unclamped                  clip coefficient not clamped to 1 (small grads scaled up)       test_clip_grad.py::test_below_max_norm_leaves_grads_unchanged
+mutant-clip-unclamped                 clip coefficient not clamped to 1 (small gradients scaled up)                       test_clip_grad.py::test_below_max_norm_leaves_grads_unchanged
   (ClipUnclamped)
-mutant-clip-non-root-accepted          clip_grad_norm_ on a non-root unit not rejected                 test_clip_grad.py::test_non_root
+mutant-clip-non-root-accepted         clip_grad_norm_ on a non-root unit not rejected                                     test_clip_grad.py::test_non_root
   (ClipNonRootAccepted)
-mutant-scaler-found-inf-unsynced       found_inf not all-reduced across ranks                          test_grad_scaler.py::test_sharded_grad_scaler_found_inf
-  (ScalerFoundInfUnsynced)
-mutant-scaler-backoff-local            scale backed off only on the rank that saw inf                  test_grad_scaler.py::test_sharded_grad_scaler_found_inf
+mutant-scaler-found-inf-unsynced      found_inf not all-reduced across ranks                                              test_grad_scaler.py::test_sharded_grad_scaler_found_inf
+  (ScalerFoundInfUnsynced)                                                                                                test_loss_scaling.py::test_skip_backoff_growth
+mutant-scaler-backoff-local           scale backed off only on the rank that saw inf                                      test_grad_scaler.py::test_sharded_grad_scaler_found_inf
   (ScalerBackoffLocal)
-mutant-scaler-unscale-skips-sparse     unscale_ skips sparse gradients                                 test_grad_scaler.py::test_scaling_unscaling_sparse
+mutant-scaler-unscale-skips-sparse    unscale_ skips sparse gradients                                                     test_grad_scaler.py::test_scaling_unscaling_sparse
   (ScalerUnscaleSkipsSparse)
-mutant-comm-hook-ignored               comm hook registered but the default collective used            test_comm_hooks.py::test_custom_hook_called
+mutant-comm-hook-ignored              comm hook registered but the default collective used                                test_comm_hooks.py::test_custom_hook_called
   (CommHookIgnored)
-mutant-comm-hook-reregister            second comm hook registration not rejected                      test_comm_hooks.py::test_default_communication_hook_initialization
+mutant-comm-hook-reregister           second comm hook registration not rejected                                          test_comm_hooks.py::test_default_communication_hook_initialization
   (CommHookReregister)
-mutant-comm-hook-non-root-accepted     comm hook registration on a non-root unit not rejected          test_comm_hooks.py::test_registering_hook_non_root
+mutant-comm-hook-non-root-accepted    comm hook registration on a non-root unit not rejected                              test_comm_hooks.py::test_registering_hook_non_root
   (CommHookNonRootAccepted)
-mutant-grad-divide-twice               divide factor: pre-divide plus full world-size post-divide      test_comm_hooks.py::test_default_communication_hook_behavior
+mutant-grad-divide-twice              wrong gradient divide factor: pre-divide plus full world-size post-divide           test_comm_hooks.py::test_default_communication_hook_behavior
   (GradDivideTwice)
-mutant-grad-not-averaged               divide factor: gradients summed, not averaged                   test_comm_hooks.py::test_default_communication_hook_behavior
-  (GradNotAveraged)
-mutant-mp-reduce-in-param-dtype        mixed precision reduce in param dtype, reduce_dtype ignored     test_comm_hooks.py::test_low_precision_hook
-  (ReduceInParamDtype)
-mutant-mp-low-precision-grads-upcast   keep_low_precision_grads ignored (grads upcast)                 test_clip_grad.py::test_low_precision_grads
+mutant-grad-not-averaged              wrong gradient divide factor: summed, not averaged                                  test_comm_hooks.py::test_default_communication_hook_behavior
+  (GradNotAveraged)                                                                                                       test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler
+                                                                                                                          test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler_ws4
+                                                                                                                          test_train_parity.py::test_optimizer_parity
+mutant-mp-reduce-in-param-dtype       mixed precision reduce done in param dtype, reduce_dtype ignored                    test_comm_hooks.py::test_low_precision_hook
+  (ReduceInParamDtype)                                                                                                    test_mixed_precision.py::test_low_precision_compute
+mutant-mp-low-precision-grads-upcast  keep_low_precision_grads ignored (grads upcast)                                     test_clip_grad.py::test_low_precision_grads
   (LowPrecisionGradsUpcast)
-mutant-uneven-pad-front                uneven chunking: trailing rank's rows shifted by its padding    test_clip_grad.py::test_ddp_parity
+mutant-uneven-pad-front               off-by-pad in uneven chunking: trailing rank's rows shifted by its padding          test_clip_grad.py::test_ddp_parity
   (UnevenPadFront)
-mutant-full-shard-stale-regather       FULL_SHARD backward re-gather reuses stale (pre-step) params    test_clip_grad_dtensor.py::test_clip_grad_norm_1d
+mutant-full-shard-stale-regather      FULL_SHARD backward re-gather reuses stale (pre-step) parameters                    test_clip_grad_dtensor.py::test_clip_grad_norm_1d
   (StaleRegather)
-mutant-ext-hooks-ignored               all-gather extension hooks silently ignored                     test_extensions.py::test_monkey_patch, ::test_train_parity
-  (ExtensionHooksIgnored)
-mutant-ext-instance-hooks-ignored      hooks patched onto the shard object ignored (class lookup)      test_extensions.py::test_monkey_patch, ::test_train_parity
+mutant-ext-hooks-ignored              all-gather extension hooks silently ignored                                         test_extensions.py::test_monkey_patch
+  (ExtensionHooksIgnored)                                                                                                 test_extensions.py::test_train_parity
+                                                                                                                          test_extensions.py::test_uneven_shards
+                                                                                                                          test_extensions.py::test_meta_init_end_to_end
+mutant-ext-instance-hooks-ignored     all-gather hooks patched onto the shard object ignored (class lookup only)          test_extensions.py::test_monkey_patch
   (ExtensionInstanceHooksIgnored)
-=====================================  ==============================================================  =================================================================
+mutant-ext-size-unchecked             wrongly sized fsdp_pre_all_gather inputs not detected (silently cropped)            test_extensions.py::test_wrong_size_raises_on_every_rank
+  (ExtensionSizeUnchecked)
+mutant-clip-no-grads-silent           clip_grad_norm_ on a rank without gradients does not warn                           test_clip_grad.py::test_no_gradients
+  (ClipNoGradsSilent)
+mutant-scaler-sparse-no-coalesce      fp16 sparse gradient inf-checked before coalescing (overflow on coalescing missed)  test_grad_scaler.py::test_scaling_unscaling_sparse
+  (ScalerSparseNoCoalesce)
+mutant-scaler-scale-not-nested        scale() does not recurse into nested iterables                                      test_grad_scaler.py::test_grad_scaling
+  (ScalerScaleNotNested)
+mutant-scaler-no-backoff              scale not backed off after an inf/NaN step                                          test_grad_scaler.py::test_inf_gradients_skip_optim_step
+  (ScalerNoBackoff)                                                                                                       test_loss_scaling.py::test_skip_backoff_growth
+mutant-scaler-growth-off-by-one       growth interval off by one (grows one finite step late)                             test_loss_scaling.py::test_skip_backoff_growth
+  (ScalerGrowthOffByOne)
+mutant-hybrid-no-replica-reduce       HYBRID_SHARD gradients reduced within the shard group only, not across replicas     test_train_parity.py::test_train_parity_hybrid
+  (HybridNoReplicaReduce)
+mutant-comm-hook-root-only-checked    root registration ignores a hook already on a sub-unit                              test_comm_hooks.py::test_registering_hook_submodules
+  (CommHookRootOnlyChecked)
+mutant-comm-hook-non-atomic           refused root registration leaves earlier units hooked (not all-or-nothing)          test_comm_hooks.py::test_refused_registration_leaves_no_hook
+  (CommHookNonAtomic)
+====================================  ==================================================================================  ==================================================================
 """
 
 from conformance.mutants._base import MutantAdapter, applied
 from conformance.mutants.clip import (
     ClipInfSummed,
     ClipLocalNorm,
+    ClipNoGradsSilent,
     ClipNonRootAccepted,
     ClipReplicatedOvercount,
     ClipUnclamped,
 )
 from conformance.mutants.comm import (
     CommHookIgnored,
+    CommHookNonAtomic,
     CommHookNonRootAccepted,
     CommHookReregister,
+    CommHookRootOnlyChecked,
 )
 from conformance.mutants.extensions import (
     ExtensionHooksIgnored,
     ExtensionInstanceHooksIgnored,
+    ExtensionSizeUnchecked,
 )
 from conformance.mutants.scaler import (
     ScalerBackoffLocal,
     ScalerFoundInfUnsynced,
+    ScalerGrowthOffByOne,
+    ScalerNoBackoff,
+    ScalerScaleNotNested,
+    ScalerSparseNoCoalesce,
     ScalerUnscaleSkipsSparse,
 )
 from conformance.mutants.sharding import (
     GradDivideTwice,
     GradNotAveraged,
+    HybridNoReplicaReduce,
     LowPrecisionGradsUpcast,
     ReduceInParamDtype,
     StaleRegather,
@@ -104,6 +139,15 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     StaleRegather,
     ExtensionHooksIgnored,
     ExtensionInstanceHooksIgnored,
+    ExtensionSizeUnchecked,
+    ClipNoGradsSilent,
+    ScalerSparseNoCoalesce,
+    ScalerScaleNotNested,
+    ScalerNoBackoff,
+    ScalerGrowthOffByOne,
+    HybridNoReplicaReduce,
+    CommHookRootOnlyChecked,
+    CommHookNonAtomic,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

@@ -58,6 +58,7 @@ class MutantAdapter(ReferenceAdapter):
     bug = ""  # the bug class, one line (the catalogue's column)
     checks: tuple[str, ...] = ()  # check functions expected to kill it: "test_file.py::test_function"
     survivor: str | None = None  # set when the checks are KNOWN not to kill it: why (a gap to close)
+    world_sizes: tuple[int, ...] = (2,)  # the world sizes its runs keep (--world-sizes)
 
     def __init__(self) -> None:
         self._activate()

@@ -21,7 +21,7 @@ class ClipLocalNorm(MutantAdapter):
 
     name = "mutant-clip-local-norm"
     bug = "clip norm from the local shard only (no all-reduce)"
-    checks = ("test_clip_grad_dtensor.py::test_clip_grad_norm_1d",)
+    checks = ("test_clip_grad_dtensor.py::test_clip_grad_norm_1d", "test_train_parity.py::test_train_parity")
 
     def patch(self) -> None:
         _, clip = _modules()
@@ -101,3 +101,18 @@ class ClipNonRootAccepted(MutantAdapter):
 
         replace(clip, "clip_grad_norm_", clip_grad_norm_)
         replace(ri, "clip_grad_norm_", clip_grad_norm_)
+
+
+class ClipNoGradsSilent(MutantAdapter):
+    """A rank with no gradients clips silently: no warning that the total norm comes back in the
+    default dtype."""
+
+    name = "mutant-clip-no-grads-silent"
+    bug = "clip_grad_norm_ on a rank without gradients does not warn"
+    checks = ("test_clip_grad.py::test_no_gradients",)
+
+    def patch(self) -> None:
+        import warnings
+
+        _, clip = _modules()
+        replace(clip, "warnings", Proxy(warnings, warn=lambda *args, **kwargs: None))

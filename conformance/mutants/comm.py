@@ -77,3 +77,55 @@ class CommHookNonRootAccepted(MutantAdapter):
 
         replace(hooks, "register_comm_hook", register_comm_hook)
         replace(ri, "register_comm_hook", register_comm_hook)
+
+
+class CommHookRootOnlyChecked(MutantAdapter):
+    """Root registration checks only the ROOT for an existing hook: a hook already on a sub-unit is
+    silently replaced (seed 004 ``test_registering_hook_submodules``)."""
+
+    name = "mutant-comm-hook-root-only-checked"
+    bug = "root registration ignores a hook already on a sub-unit"
+    checks = ("test_comm_hooks.py::test_registering_hook_submodules",)
+
+    def patch(self) -> None:
+        from reference_impl.sharding import _unit_of, units
+
+        ri, hooks = _modules()
+
+        def register_comm_hook(module, state, hook):
+            unit = _unit_of(module)
+            if unit is None or not unit.is_root:
+                raise AssertionError("register_comm_hook can only be called on a root instance.")
+            if unit.comm_hook is not None:  # the bug: only the root is checked
+                raise AssertionError("A communication hook is already registered")
+            for u in units(module):
+                u.comm_hook, u.comm_hook_state = hook, state
+
+        replace(hooks, "register_comm_hook", register_comm_hook)
+        replace(ri, "register_comm_hook", register_comm_hook)
+
+
+class CommHookNonAtomic(MutantAdapter):
+    """Registration assigns unit by unit while checking (FSDP1's own loop): a refusal because a later
+    unit already has a hook leaves the earlier units hooked."""
+
+    name = "mutant-comm-hook-non-atomic"
+    bug = "refused root registration leaves earlier units hooked (not all-or-nothing)"
+    checks = ("test_comm_hooks.py::test_refused_registration_leaves_no_hook",)
+
+    def patch(self) -> None:
+        from reference_impl.sharding import _unit_of, units
+
+        ri, hooks = _modules()
+
+        def register_comm_hook(module, state, hook):
+            unit = _unit_of(module)
+            if unit is None or not unit.is_root:
+                raise AssertionError("register_comm_hook can only be called on a root instance.")
+            for u in units(module):
+                if u.comm_hook is not None:
+                    raise AssertionError("A communication hook is already registered")
+                u.comm_hook, u.comm_hook_state = hook, state  # the bug: assigned before all are checked
+
+        replace(hooks, "register_comm_hook", register_comm_hook)
+        replace(ri, "register_comm_hook", register_comm_hook)

@@ -14,7 +14,7 @@ class ScalerFoundInfUnsynced(MutantAdapter):
 
     name = "mutant-scaler-found-inf-unsynced"
     bug = "found_inf not all-reduced across ranks"
-    checks = ("test_grad_scaler.py::test_sharded_grad_scaler_found_inf",)
+    checks = ("test_grad_scaler.py::test_sharded_grad_scaler_found_inf", "test_loss_scaling.py::test_skip_backoff_growth")
 
     def patch(self) -> None:
         from reference_impl.grad_scaler import ShardedGradScaler
@@ -96,3 +96,106 @@ class ScalerUnscaleSkipsSparse(MutantAdapter):
                     p.grad = g
 
         replace(ShardedGradScaler, "_unscale_grads_", _unscale_grads_)
+
+
+class ScalerSparseNoCoalesce(MutantAdapter):
+    """fp16 sparse gradients unscaled and inf-checked value by value, WITHOUT coalescing: duplicate
+    indices that only overflow once summed (2**15 + 2**15 in fp16) are never seen as inf. This is
+    exactly what seed 001's third sparse sub-case meant to catch and, reading the previous
+    sub-case's leftover inf, could not (a seed finding; the port tests it)."""
+
+    name = "mutant-scaler-sparse-no-coalesce"
+    bug = "fp16 sparse gradient inf-checked before coalescing (overflow on coalescing missed)"
+    checks = ("test_grad_scaler.py::test_scaling_unscaling_sparse",)
+
+    def patch(self) -> None:
+        from reference_impl.grad_scaler import ShardedGradScaler
+
+        original = ShardedGradScaler._unscale_grads_
+
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+            hidden = []
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    g = p.grad
+                    if g is not None and g.is_sparse and g.dtype == torch.float16:
+                        values = g._values()
+                        values.mul_(inv_scale.to(values.dtype))  # the bug: no coalesce() first
+                        if not torch.isfinite(values).all():
+                            found_inf.fill_(1.0)
+                        hidden.append((p, g))
+                        p.grad = None
+            try:
+                per_device = original(self, optimizer, inv_scale, found_inf, allow_fp16)
+                for p, _ in hidden:
+                    per_device.setdefault(p.device, found_inf)
+                return per_device
+            finally:
+                for p, g in hidden:
+                    p.grad = g
+
+        replace(ShardedGradScaler, "_unscale_grads_", _unscale_grads_)
+
+
+class ScalerScaleNotNested(MutantAdapter):
+    """``scale()`` of an iterable scales only its top-level tensors: tensors nested in inner tuples
+    or lists come back unscaled (the recursion of torch's ``apply_scale`` dropped)."""
+
+    name = "mutant-scaler-scale-not-nested"
+    bug = "scale() does not recurse into nested iterables"
+    checks = ("test_grad_scaler.py::test_grad_scaling",)
+
+    def patch(self) -> None:
+        from reference_impl.grad_scaler import ShardedGradScaler
+
+        original = ShardedGradScaler.scale
+
+        def scale(self, outputs):
+            if isinstance(outputs, torch.Tensor):
+                return original(self, outputs)
+            return type(outputs)(original(self, o) if isinstance(o, torch.Tensor) else o for o in outputs)
+
+        replace(ShardedGradScaler, "scale", scale)
+
+
+class ScalerNoBackoff(MutantAdapter):
+    """The step is skipped on inf/NaN, but the scale is not backed off (``update()`` ignores
+    found_inf): every later step overflows again."""
+
+    name = "mutant-scaler-no-backoff"
+    bug = "scale not backed off after an inf/NaN step"
+    checks = ("test_grad_scaler.py::test_inf_gradients_skip_optim_step",
+              "test_loss_scaling.py::test_skip_backoff_growth")
+
+    def patch(self) -> None:
+        from reference_impl.grad_scaler import ShardedGradScaler
+
+        update = ShardedGradScaler.update
+
+        def update_(self, new_scale=None):
+            if self._enabled and new_scale is None:
+                for state in self._per_optimizer_states.values():
+                    for flag in state["found_inf_per_device"].values():
+                        flag.zero_()  # the bug: the backoff never sees the inf
+            return update(self, new_scale)
+
+        replace(ShardedGradScaler, "update", update_)
+
+
+class ScalerGrowthOffByOne(MutantAdapter):
+    """Growth interval off by one: the scale grows after ``growth_interval + 1`` finite steps."""
+
+    name = "mutant-scaler-growth-off-by-one"
+    bug = "growth interval off by one (grows one finite step late)"
+    checks = ("test_loss_scaling.py::test_skip_backoff_growth",)
+
+    def patch(self) -> None:
+        from reference_impl.grad_scaler import ShardedGradScaler
+
+        init = ShardedGradScaler.__init__
+
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self._growth_interval += 1
+
+        replace(ShardedGradScaler, "__init__", __init__)

@@ -39,7 +39,11 @@ class GradNotAveraged(MutantAdapter):
 
     name = "mutant-grad-not-averaged"
     bug = "wrong gradient divide factor: summed, not averaged"
-    checks = ("test_comm_hooks.py::test_default_communication_hook_behavior",)
+    checks = ("test_comm_hooks.py::test_default_communication_hook_behavior",
+              "test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler",
+              "test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler_ws4",
+              "test_train_parity.py::test_optimizer_parity")
+    world_sizes = (2, 4)  # test_fsdp_ddp_parity_with_grad_scaler_ws4 runs at 4 only
 
     def patch(self) -> None:
         C = _collectives()
@@ -52,7 +56,7 @@ class ReduceInParamDtype(MutantAdapter):
 
     name = "mutant-mp-reduce-in-param-dtype"
     bug = "mixed precision reduce done in param dtype, reduce_dtype ignored"
-    checks = ("test_comm_hooks.py::test_low_precision_hook",)
+    checks = ("test_comm_hooks.py::test_low_precision_hook", "test_mixed_precision.py::test_low_precision_compute")
 
     def patch(self) -> None:
         from reference_impl.mixed_precision import compute_dtype
@@ -118,3 +122,19 @@ class StaleRegather(MutantAdapter):
             return full
 
         replace(Unit, "full_for_backward", full_for_backward)
+
+
+class HybridNoReplicaReduce(MutantAdapter):
+    """HYBRID_SHARD: gradients reduced (and averaged) within the shard group only, never across the
+    replicas: each replica group trains on its own data. Only visible with a replicate dimension > 1
+    (world size 4 on a (2, 2) mesh); 1-D strategies are unaffected."""
+
+    name = "mutant-hybrid-no-replica-reduce"
+    bug = "HYBRID_SHARD gradients reduced within the shard group only, not across replicas"
+    checks = ("test_train_parity.py::test_train_parity_hybrid",)
+    world_sizes = (4,)  # HYBRID needs a replicate dimension > 1
+
+    def patch(self) -> None:
+        C = _collectives()
+        original = C.average_gradient
+        replace(C, "average_gradient", lambda flat, shard_group, replicate_group: original(flat, shard_group, None))

@@ -6,8 +6,8 @@ strategies call `hook(state, grad, output)`, which writes this rank's averaged s
 Hooks are registered on the root only, once, and apply to every unit.
 
 * default behaviour: Linear(1, ws) fed `rank` gets the mean over ranks without any hook;
-* registration: none by default, root registration reaches every unit, a second registration and a
-  registration on a non-root unit raise;
+* registration: none by default, root registration reaches every unit, a second registration, a
+  registration on a non-root unit, and a root registration while a sub-unit already holds a hook raise;
 * a counting custom hook is really called, and its result is really used;
 * the implementation's fp16/bf16 compression hooks equal MixedPrecision(reduce_dtype=...).
 """
@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from conformance.protocol import MixedPrecision, ShardSpec
+from conformance.checks.support.comm_hooks import plant_comm_hook
 from conformance.checks.support.compare import assert_close
 from conformance.checks.support.models import Net, resolve_units
 from harness import distributed
@@ -151,10 +152,38 @@ def test_registering_hook_non_root(ctx, impl, strategy, when):
     _assert_no_hooks(impl, model, n_units)  # a refused registration leaves nothing behind
 
 
-# The seed's test_registering_hook_submodules sets `_comm_hook` directly on a non-root FSDP instance
-# and then expects the root registration to fail with "A communication hook is already registered".
-# The adapter protocol has no way to put a hook on a sub-unit (register_comm_hook refuses non-roots,
-# as checked above), so that sub-case cannot be expressed implementation-neutrally and is skipped.
+@distributed(world_size=[2, 4])
+@pytest.mark.requires.with_args(lambda params: _caps({**params, "has_wrapping": True}))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_registering_hook_submodules(ctx, impl, strategy):
+    """Seed: a hook already sits on the non-root unit `net.2` (set directly, as the seed does with
+    `submodules[1]._comm_hook`); registering on the root must refuse, since the root's hook would
+    silently replace it: the root checks EVERY unit, not only itself. The planted hook stays."""
+    model, _, n_units = _build_net(ctx, impl, True, strategy)
+    state, hook = DummyState(process_group=None, noise=1234), _dummy_hook(strategy)
+    plant_comm_hook(impl, model, "net.2", state, hook)
+    hooks = impl.comm_hooks(model)
+    assert sum(h is hook for h, _ in hooks) == 1, f"the planted hook is not on exactly one unit: {hooks}"
+    with pytest.raises(AssertionError, match="^A communication hook is already registered$"):
+        impl.register_comm_hook(model, state, hook)
+    after = impl.comm_hooks(model)
+    assert len(after) == n_units and any(h is hook and st is None for h, st in after), f"the planted hook is gone: {after}"
+
+
+@distributed(world_size=[2, 4])
+@pytest.mark.requires.with_args(lambda params: _caps({**params, "has_wrapping": True}))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_refused_registration_leaves_no_hook(ctx, impl, strategy):
+    """Added to the seed's submodules case: a root registration refused because `net.2` holds a hook
+    is all-or-nothing; no other unit (the root, `net`) is left with the hook or its state."""
+    model, _, n_units = _build_net(ctx, impl, True, strategy)
+    state, hook = DummyState(process_group=None, noise=1234), _dummy_hook(strategy)
+    plant_comm_hook(impl, model, "net.2", state, hook)
+    with pytest.raises(AssertionError, match="^A communication hook is already registered$"):
+        impl.register_comm_hook(model, state, hook)
+    after = impl.comm_hooks(model)
+    assert len(after) == n_units and sum(h is hook for h, _ in after) == 1, f"refused registration changed hooks: {after}"
+    assert all(st is None for _, st in after), f"refused registration left a state behind: {after}"
 
 
 # ---------------------------------------------------------------------------------------------

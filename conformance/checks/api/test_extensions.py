@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import types
 
 import pytest
@@ -71,6 +72,7 @@ def _two_tensor_cls(signature: str, calls: dict, wrong_size_on: int | None = Non
                     assert b.untyped_storage().data_ptr() == out.b.untyped_storage().data_ptr()
                 else:
                     assert out.a.dtype == param_dtype, f"{out.a.dtype} {param_dtype}"
+                    assert out.b.dtype == param_dtype, f"{out.b.dtype} {param_dtype}"
                     out.a.copy_(a)
                     out.b.copy_(b)
                 return None
@@ -141,7 +143,13 @@ def _train_parity(ctx, impl, ref, model, spec, iters, calls):
         for o in (ref_optim, optim):
             o.step()
             o.zero_grad(set_to_none=(it % 2 == 0))
-        _check_parity(ctx, impl, ref, model, f"after step it{it}", grads=False)
+        # the seed's check_sharded_parity after step + zero_grad: parameters, and gradients None on
+        # both sides (set_to_none=True) or zeros on both sides (set_to_none=False)
+        _check_parity(ctx, impl, ref, model, f"after step + zero_grad(set_to_none={it % 2 == 0}) it{it}")
+        got = impl.full_grads(model)
+        for n, p in ref.named_parameters():
+            assert (got.get(n) is None) == (p.grad is None), \
+                f"it{it}: {n}: grad {'None' if got.get(n) is None else 'kept'} after zero_grad(set_to_none={it % 2 == 0})"
     assert calls["pre"] > 0 and calls["post"] > 0, f"all-gather hooks never ran: {calls}"
     ctx.record("hook_calls", {k: v for k, v in calls.items() if k != "param_dtypes"})
 
@@ -184,23 +192,33 @@ def test_wrong_size_raises_on_every_rank(ctx, impl, wrong_on):
     cls = _two_tensor_cls("5", calls, wrong_size_on=bad_rank)
     with ctx.seeded(7):
         plain = nn.Sequential(nn.Linear(8, 3, bias=False), nn.ReLU(), nn.Linear(3, 8, bias=False))
-    model = impl.shard(_to_two_tensor(plain, cls).to(ctx.device), ShardSpec(mesh=ctx.mesh()))
     with ctx.seeded(1):
         inp = torch.randn(2, 8, device=ctx.device)
+    # Control: the same model with correctly sized inputs runs, so the error below is the size's.
+    good = impl.shard(_to_two_tensor(copy.deepcopy(plain), _two_tensor_cls("5", {"pre": 0, "post": 0})).to(ctx.device),
+                      ShardSpec(mesh=ctx.mesh()))
+    good(inp).sum().backward()
+    model = impl.shard(_to_two_tensor(plain, cls).to(ctx.device), ShardSpec(mesh=ctx.mesh()))
     with pytest.raises(Exception) as info:
         model(inp).sum().backward()
     assert calls["pre"] > 0, "the pre hook never ran"
+    # The error must say what is wrong (not any exception: a crash elsewhere is not a size check).
+    assert re.search(r"(?i)size|shape|numel|rows|pad", str(info.value)), \
+        f"{type(info.value).__name__} does not name the wrongly sized all-gather inputs: {str(info.value)[:300]}"
     ctx.record("raised", {"what": "raised", "type": type(info.value).__name__, "msg": str(info.value)[:200]})
 
 
 @distributed(world_size=[2, 4])
+@pytest.mark.parametrize("signature", ["5", "legacy"])
 @pytest.mark.parametrize("reshard_after_forward", [True, False])
 @pytest.mark.requires("meta_init", "mixed_precision")
-def test_meta_init_end_to_end(ctx, impl, reshard_after_forward):
+def test_meta_init_end_to_end(ctx, impl, reshard_after_forward, signature):
     """Seed: build on meta, shard with param_dtype=bf16, to_empty(), init, 3 steps; the post hook
-    must be handed bf16."""
+    must be handed bf16. The seed's hooks take `(self, mesh)` ("legacy"); the 5-argument form too.
+    Not only "no error": what each rank initialised in its shard is what the all-gather delivers,
+    the first loss is the unsharded bf16 forward of those values, and training moves them."""
     calls = {"pre": 0, "post": 0}
-    cls = _two_tensor_cls("5", calls)
+    cls = _two_tensor_cls(signature, calls)
     model = _to_two_tensor(_mlp_stack(meta=True), cls)
     assert all(p.device == torch.device("meta") for p in model.parameters())
     spec = ShardSpec(strategy="FULL_SHARD" if reshard_after_forward else "SHARD_GRAD_OP", units=(MLP,),
@@ -208,24 +226,42 @@ def test_meta_init_end_to_end(ctx, impl, reshard_after_forward):
                      mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
     model = impl.shard(model, spec)
     model.to_empty(device=ctx.device)
-    with ctx.seeded(0):
+    with ctx.seeded(100 + ctx.rank):  # every rank draws its OWN values: the full tensor is their concatenation
         for p in model.parameters():
             nn.init.trunc_normal_(p)
+    local = {n: _split({n: t}, {n: t})[0] for n, t in impl.local_shards(model).items()}
+    gathered = [None] * ctx.world_size
+    dist.all_gather_object(gathered, {n: {k: v.detach().cpu() for k, v in d.items()} for n, d in local.items()},
+                           group=ctx.group)
+    init = impl.full_params(model)
+    for name, full in _split(init, init)[0].items():
+        base = name.rsplit(".", 1)[0] if name.endswith((".a", ".b")) else name
+        parts = [g[base][name] for g in gathered]
+        expected = torch.cat(parts)[: full.shape[0]]
+        assert torch.equal(full.detach().cpu(), expected), f"{name}: the all-gathered parameter is not the ranks' initialised shards"
+    ref = _to_two_tensor(_mlp_stack(), TwoTensor).to(ctx.device)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            p.copy_(init[n])
+    ref = ref.to(torch.bfloat16)
+    calls.pop("param_dtypes", None)  # full_params may all-gather through the hooks in float32: count training only
     optim = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=True)
     with ctx.seeded(42 + ctx.rank + 1):
         inp = torch.randn((2, 8), device=ctx.device)
-    for _ in range(3):
+    for it in range(3):
         loss = model(inp).sum()
+        if it == 0:
+            assert_close(ctx, *_split({"loss": loss}, {"loss": ref(inp.to(torch.bfloat16)).sum()}), "first loss vs unsharded bf16")
         loss.backward()
         optim.step()
         optim.zero_grad()
     assert torch.isfinite(loss).all(), f"loss {loss}"
     assert calls["pre"] > 0 and calls["post"] > 0, f"all-gather hooks never ran: {calls}"
-    assert calls["param_dtypes"] == {str(torch.bfloat16)}, f"post hook got {calls['param_dtypes']}"
+    assert calls.get("param_dtypes") == {str(torch.bfloat16)}, f"post hook got {calls.get('param_dtypes')}"
     params = impl.full_params(model)
     assert all(not p.is_meta for p in params.values())
-    ctx.assert_equal_across_ranks({n: v.float().sum().item() for n, v in _split(params, params)[0].items()},
-                                  "full params")
+    for name, (a, b) in zip(_split(params, params)[0], zip(_split(params, params)[0].values(), _split(init, init)[0].values())):
+        assert not torch.equal(a, b), f"{name}: unchanged by 3 Adam steps"
 
 
 def _round_bf16(model: nn.Module, inp: torch.Tensor) -> torch.Tensor:

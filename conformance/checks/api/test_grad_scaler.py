@@ -19,10 +19,12 @@ import itertools
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
+from conformance.checks.support.grad_scaler import (
+    _average_grads_, _local, _named_with_grad, _set_nonuniform_req_grad, _state_dict_round_trip, _without_key_bias,
+)
 from conformance.checks.support.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
 from harness import distributed
 
@@ -31,42 +33,6 @@ STRATEGY_CAPS = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "
 
 def _unit_paths(model) -> tuple[str, ...]:
     return tuple(path for path, _ in resolve_units(model) if path)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The rank's own data of a (possibly DTensor) tensor."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _predivide_factor(ws: int) -> int:
-    """torch's DefaultState gradient pre-divide factor (FSDP1/FSDP2 average as (sum g/f) / (ws/f))."""
-    factor = 1
-    while ws % factor == 0 and ws / factor > factor:
-        factor *= 2
-    return factor
-
-
-def _average_grads_(params, ctx) -> None:
-    """The data-parallel gradient average of the unsharded reference, in each gradient's own dtype,
-    with torch's pre/post division (so that float16 sums overflow exactly when FSDP's do)."""
-    pre = _predivide_factor(ctx.world_size)
-    post = ctx.world_size / pre
-    for p in params:
-        if p.grad is not None:
-            p.grad.div_(pre)
-            dist.all_reduce(p.grad, group=ctx.group)
-            p.grad.div_(post)
-
-
-def _set_nonuniform_req_grad(model) -> None:
-    """NonUniformReqGradNWM's freezing (only `module.2.*.1.*` trains), applied like the seed after
-    sharding: names are matched with wrapper-internal path components (`_fsdp_wrapped_module`, any
-    component starting with "_") dropped, so it works through any implementation's wrappers."""
-    pattern = NonUniformReqGradNWM.REQ_GRAD_PATTERN
-    for name, p in model.named_parameters():
-        clean = ".".join(c for c in name.split(".") if not c.startswith("_"))
-        if not pattern.match(clean):
-            p.requires_grad_(False)
 
 
 def _scaler(impl, ctx, **kwargs):
@@ -123,11 +89,25 @@ def test_scaling_unscaling_sparse(ctx, impl):
     # fp16 sparse gradient whose duplicate indices overflow when coalesced (2**15 + 2**15 > 65504)
     i = torch.tensor([[1, 1, 1], [0, 0, 2]], device=dev, dtype=torch.int64)
     v = torch.tensor([2**15, 2**15, 1.0], dtype=torch.float16, device=dev)
-    s1 = torch.sparse_coo_tensor(i, v, torch.Size([2, 3]), device=dev, dtype=torch.float16)
-    s1.grad = s1.clone()
+    # SEED FINDING (seed 001, test_scaling_unscaling_sparse): the seed rebinds `s1` here but keeps
+    # unscaling `opt`, which still holds the FIRST s1, whose grad is the inf gradient of the previous
+    # sub-case: found_inf == 1 came from that leftover inf, never from fp16 overflow, so a scaler that
+    # cannot detect an overflow on coalescing passed. Here the fp16 tensor gets its own optimizer.
+    s2 = torch.sparse_coo_tensor(i, v, torch.Size([2, 3]), device=dev, dtype=torch.float16)
+    s2.grad = s2.clone()
+    assert torch.isfinite(s2.grad._values()).all()  # every stored value is finite: only coalescing overflows
+    opt16 = torch.optim.SGD([s2], lr=1.0)
     found_inf.zero_()
-    found = scaler._unscale_grads_(opt, inv_scale, found_inf, True)[s1.device]  # allow_fp16: positional in every GradScaler
-    assert found.item() == 1.0, found
+    found = scaler._unscale_grads_(opt16, inv_scale, found_inf, True)[s2.device]  # allow_fp16: positional in every GradScaler
+    assert found.item() == 1.0, f"fp16 sparse gradient overflowing on coalescing (2**15 + 2**15) not detected: {found}"
+    # and the finite fp16 sparse gradient (no duplicate indices) does not report inf
+    s3 = torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 2]], device=dev), torch.tensor([2.0**14, 1.0], dtype=torch.float16, device=dev),
+                                 torch.Size([2, 3]), device=dev, dtype=torch.float16)
+    s3.grad = s3.clone()
+    found_inf.zero_()
+    found = scaler._unscale_grads_(torch.optim.SGD([s3], lr=1.0), inv_scale, found_inf, True)[s3.device]
+    assert found.item() == 0.0, f"finite fp16 sparse gradient reported inf: {found}"
+    assert_close(ctx, s3.grad.to_dense().float(), torch.tensor([[2.0**13, 0, 0], [0, 0, 0.5]], device=dev), "fp16 sparse grad unscaled")
 
 
 @distributed(world_size=[2, 4])
@@ -151,20 +131,27 @@ def test_inf_gradients_skip_optim_step(ctx, impl):
 # ---------------------------------------------------------------------------------------------
 # Parity with unsharded training (seed: test_fsdp_ddp_parity_with_grad_scaler)
 # ---------------------------------------------------------------------------------------------
-# The seed loops over CUDAInitMode (CUDA_BEFORE / CUDA_AFTER, plus CUDA_NEVER with offload): where the
-# model lives before sharding. On a CPU-only machine all three are the same (the model is built on
-# ctx.device, which is the CPU), so each config is one cell; with a GPU the model is built on
-# ctx.device before sharding (CUDA_BEFORE). The seed's CUDA_AFTER + offload case expects an error
-# about parameters on cuda, which cannot happen on CPU.
+# The seed loops over CUDAInitMode, where the model lives when it is sharded: CUDA_BEFORE (moved to
+# the device, then sharded), CUDA_AFTER (sharded on the CPU, then moved) and, with CPU offload only,
+# CUDA_NEVER (never moved). Each is its own cell here (`init`: device_before / device_after /
+# device_never). CUDA_AFTER with offload must RAISE (an offloaded module whose parameters were moved
+# to the device). On a CPU-only machine the device IS the CPU, so device_after / device_never are the
+# same run as device_before and the expected error cannot arise: those cells are generated and skip
+# with that reason; they run where ctx.device is an accelerator.
+# After every step the seed's parity helper saves the state_dict, zeroes the parameters and loads it
+# back (`_train_for_several_steps(save_model=True)`): a broken save/load breaks parity. Done here too.
 
-PARITY_CONFIGS = list(itertools.product([True, False], ["SHARD_GRAD_OP", "FULL_SHARD"], ["fp16", None],
-                                        ["nonuniform", "nested"]))
+INIT_MODES = ("device_before", "device_after", "device_never")
+PARITY_CONFIGS = [(offload, strategy, mp, model, init)
+                  for offload, strategy, mp, model in itertools.product([True, False], ["SHARD_GRAD_OP", "FULL_SHARD"],
+                                                                         ["fp16", None], ["nonuniform", "nested"])
+                  for init in INIT_MODES if init != "device_never" or offload]
 
 
 def _parity_id(cfg):
-    offload, strategy, mp, model = cfg
+    offload, strategy, mp, model, init = cfg
     return "-".join([f"offload_{str(offload).lower()}", strategy.lower(),
-                     "mixed_precision" if mp else "full_precision", model])
+                     "mixed_precision" if mp else "full_precision", model, init])
 
 
 def _parity_caps(params):
@@ -179,13 +166,17 @@ def _parity_caps(params):
 PARITY_STEPS = 5
 
 
-# World size 2 only (the seed's). At 4, the fp16 cells on the threaded group fail by a few fp16 ulps:
-# its all_reduce (this check's reference) and reduce_scatter (the candidate's) sum fp16 in different
-# orders, so exact emulation breaks; the right fp16 tolerance for reduced gradients is still open.
+# World size 2 (the seed's) for the whole matrix; world size 4 for the full-precision configs
+# (test_fsdp_ddp_parity_with_grad_scaler_ws4). Why not fp16 at 4: the fp16 reference emulates the
+# reduction exactly (pre-divide, fp16 sum, post-divide), but the ORDER in which an implementation sums
+# 4 fp16 gradients is its own choice (a ring, a tree, reduce-scatter vs all-reduce: on the threaded
+# group the reference_impl's reduce-scatter and the check's all_reduce already differ by fp16 ulps at
+# 4 ranks), and fp16 rounding makes the result depend on it. With 2 ranks a sum is one addition,
+# which IEEE makes order-independent, so the comparison is exact whatever the implementation does.
 @distributed(world_size=2)
 @pytest.mark.requires.with_args(_parity_caps)
-@pytest.mark.parametrize("offload,strategy,mp,model_kind", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
-def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, model_kind):
+@pytest.mark.parametrize("offload,strategy,mp,model_kind,init", PARITY_CONFIGS, ids=[_parity_id(c) for c in PARITY_CONFIGS])
+def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, model_kind, init):
     """Seed: use_orig_params=True trains NonUniformReqGradNWM (some ranks own no trainable shard)
     with init_scale 2**11; use_orig_params=False trains NestedWrappedModule with the default scale
     2**16. SGD(lr=0.01, momentum=0.9) on `output.sum()`, per-rank inputs. Here the model is the axis
@@ -200,6 +191,27 @@ def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, mode
     SGD updates. That is exactly MixedPrecision(param=reduce=buffer=fp16) semantics, so overflow
     (found_inf -> skipped step, scale backed off) happens on the same steps on both sides.
     """
+    _parity_body(ctx, impl, offload, strategy, mp, model_kind, init)
+
+
+PARITY_CONFIGS_FP32 = [c for c in PARITY_CONFIGS if c[2] is None]
+
+
+@distributed(world_size=4)
+@pytest.mark.requires.with_args(_parity_caps)
+@pytest.mark.parametrize("offload,strategy,mp,model_kind,init", PARITY_CONFIGS_FP32,
+                         ids=[_parity_id(c) for c in PARITY_CONFIGS_FP32])
+def test_fsdp_ddp_parity_with_grad_scaler_ws4(ctx, impl, offload, strategy, mp, model_kind, init):
+    """The full-precision configs of the parity above at world size 4 (fp16: see the note above)."""
+    _parity_body(ctx, impl, offload, strategy, mp, model_kind, init)
+
+
+def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
+    on_accelerator = ctx.device.type != "cpu"
+    if init != "device_before" and not on_accelerator:
+        pytest.skip(f"{init}: where the model lives when sharded (seed CUDAInitMode) only differs from "
+                    f"device_before with an accelerator; this run's device is the CPU")
+    build_device = ctx.device if init == "device_before" else torch.device("cpu")
     mp_dtype = torch.float16 if mp == "fp16" else None
     nonuniform = model_kind == "nonuniform"
     model_cls = NonUniformReqGradNWM if nonuniform else NestedWrappedModule
@@ -207,14 +219,23 @@ def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, mode
     with ctx.seeded(0):
         # freeze=False: the seed freezes NonUniformReqGradNWM after wrapping; do the same below
         kw = {"freeze": False} if nonuniform else {}
-        model = model_cls(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device, **kw)
-    ref = copy.deepcopy(model)
+        model = model_cls(ctx.rank, ctx.world_size, deterministic=True, device=build_device, **kw)
+    ref = copy.deepcopy(model).to(ctx.device)
     # The seed's MixedPrecision(param=reduce=buffer=fp16). Both models have no buffers, so buffer_dtype
     # changes nothing; it is left None so that implementations without buffer_dtype (FSDP2) run too.
     assert not list(model.buffers())
     spec = ShardSpec(strategy=strategy, units=_unit_paths(model), offload=offload,
                      mixed_precision=MixedPrecision(mp_dtype, mp_dtype) if mp_dtype else None)
     model = impl.shard(model, spec)
+    if init == "device_after":  # seed CUDA_AFTER: moved to the device after sharding
+        if offload:  # the seed expects an error: offloaded parameters must stay on the CPU
+            with pytest.raises(RuntimeError, match="(?i)offload"):
+                model.to(ctx.device)
+                with ctx.seeded(0):
+                    (inp,) = ref.get_input(ctx.device)
+                model(inp).sum().backward()
+            return
+        model = model.to(ctx.device)
     if nonuniform:
         _set_nonuniform_req_grad(model)
         _set_nonuniform_req_grad(ref)
@@ -261,7 +282,9 @@ def test_fsdp_ddp_parity_with_grad_scaler(ctx, impl, offload, strategy, mp, mode
         steps_taken += scaler.get_scale() >= scale
         for p in model.parameters():
             assert _local(p).device.type == ("cpu" if offload else ctx.device.type), p.device
-        assert_close(ctx, impl.full_params(model), dict(ref.named_parameters()), f"params after step {step}")
+        _state_dict_round_trip(model)
+        assert_close(ctx, impl.full_params(model), dict(ref.named_parameters()), f"params after step {step} "
+                     "(state_dict saved, parameters zeroed, state_dict loaded)")
     ctx.assert_equal_across_ranks(scaler.get_scale(), "scale")
     ctx.record("steps_taken", steps_taken)
     # Not vacuous: at least one step was not skipped for overflow, so the params really moved.
@@ -323,18 +346,13 @@ def test_sharded_grad_scaler_found_inf(ctx, impl, offload):
                     assert torch.equal(_local(p).detach(), b), f"{name} rank {ctx.rank} it {it}: stepped despite inf"
             else:
                 assert sc.get_scale() == orig_scale, f"{name} it {it}: scale {sc.get_scale()} != {orig_scale}"
-                assert any(not torch.equal(_local(p).detach(), b) for p, b in zip(with_grad, before)) or not with_grad, \
-                    f"{name} rank {ctx.rank} it {it}: no parameter changed on a finite step"
+                # torch's test requires EVERY parameter to change on a finite step (Adam moves every
+                # parameter whose gradient is nonzero). Empty local shards have nothing to change.
+                for (pname, p), b in zip(_named_with_grad(m), before):
+                    if b.numel() and torch.count_nonzero(_local(p.grad)):
+                        assert not torch.equal(_local(p).detach(), b), \
+                            f"{name} rank {ctx.rank} it {it}: {pname} unchanged on a finite step"
         ctx.assert_equal_across_ranks(scaler.get_scale(), f"scale after it {it}")
         assert_close(ctx, scaled["sharded"], scaled["reference"], f"scaled loss it {it}")
         assert_close(ctx, _without_key_bias(impl.full_params(model)), _without_key_bias(dict(ref.named_parameters())),
                      f"params after it {it}")
-
-
-def _without_key_bias(params: dict) -> dict:
-    """Drop the key third of every attention `in_proj_bias`. Its gradient is analytically zero (the
-    key bias adds q.b_k to every score of a query alike, and softmax ignores that), so it is float
-    noise (~1e-9) that any change of reduction order changes; Adam's m / sqrt(v) turns that noise into
-    lr-sized steps of arbitrary sign. The seed compares losses only; the rest is compared exactly."""
-    d = TransformerWithSharedParams.D_MODEL
-    return {n: torch.cat([t[:d], t[2 * d:]]) if n.endswith("in_proj_bias") else t for n, t in params.items()}
