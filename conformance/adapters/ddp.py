@@ -20,7 +20,7 @@ _PREFIX = "module."
 class DDPAdapter(TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
-    capabilities = TorchStyleAdapter.implied({"no_shard", "clip_grad_norm", "sharded_grad_scaler"})
+    capabilities = TorchStyleAdapter.implied({"no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"})
 
     def shard(self, model: nn.Module, spec: ShardSpec):
         if spec.strategies != {"NO_SHARD"} or spec.mixed_precision or spec.offload:

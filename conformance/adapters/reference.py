@@ -19,7 +19,7 @@ class ReferenceAdapter(TorchStyleAdapter):
     name = "reference"
     version = "0.1.0"
     capabilities = TorchStyleAdapter.implied({
-        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
+        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init",

@@ -62,6 +62,8 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
     def __init__(self, variant: str | None = None) -> None:
         self.use_orig_params = variant != "flat"
         self.name = "torch-fsdp1" + (f"[{variant}]" if variant else "")
+        if self.use_orig_params:
+            self.capabilities = self.capabilities | {"orig_params"}
 
     def shard(self, model, spec: ShardSpec):
         mp = spec.mixed_precision

@@ -26,7 +26,7 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
     name = "torch-fsdp2"
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({
-        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
+        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_grads",
     })

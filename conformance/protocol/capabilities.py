@@ -34,6 +34,8 @@ BEHAVIOUR = {
 API = {
     "mixed_strategy": "different strategies for different units of one model",
     "nested_units": "sub-modules sharded as their own units inside a sharded root",
+    "orig_params": "the sharded module exposes its original parameters by name (per-parameter "
+                   "requires_grad after sharding); FSDP1's flat parameters do not",
     "mixed_precision": "FSDP-style MixedPrecision (param/reduce/buffer dtypes) on ShardSpec",
     "keep_low_precision_grads": "gradients left in the reduce dtype",
     "cpu_offload": "sharded parameters and gradients kept on the CPU",

@@ -160,6 +160,8 @@ def _parity_caps(params):
         caps.add("cpu_offload")
     if params["mp"]:
         caps.add("mixed_precision")
+    if params["model_kind"] == "nonuniform":  # frozen by parameter name after sharding, as the seed
+        caps.add("orig_params")
     return caps
 
 
