@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from harness import backends, devices, runner, xdist_support
+from harness import backends, devices, forked_compat, runner, xdist_support
 from harness.external import detect
 from harness.task import Task, takes_ctx
 from harness.verdict import Verdict
@@ -64,6 +64,7 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config._shardcheck_launch_env = detect()
     config._shardcheck_main_pid = os.getpid()
+    forked_compat.install()  # --forked on pytest >= 9.2 (see harness/forked_compat.py)
     if not hasattr(config, "workerinput"):  # the controller; xdist workers inherit its environment
         devices.prepare()
 
