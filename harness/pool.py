@@ -210,8 +210,8 @@ class RankPool:
 
     def _check_alive_after(self, results: dict[int, RankResult]) -> None:
         """End-of-test check (one poll, no message): a rank that died right after answering fails
-        this test, not the next one."""
-        if self.broken:
+        this test, not the next one. Skipped when the test failed anyway."""
+        if self.broken or any(res.outcome == "failed" for res in results.values()):
             return
         for r in wait([p.sentinel for p in self.procs], timeout=0):
             r = next(i for i, p in enumerate(self.procs) if p.sentinel == r)
