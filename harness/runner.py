@@ -144,7 +144,7 @@ def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "po
             try:
                 return decide(pool.run(task, timeout))
             finally:
-                pool.shutdown()
+                _idle_deaths.extend(pool.shutdown())
         return decide(_run_on_pool(task, world_size, backend, timeout, devices))
     except PoolStartError as exc:
         return decide([RankResult(0, "failed", f"could not start the ranks: {exc}")])
