@@ -159,6 +159,8 @@ class RankPool:
                       if res.outcome == "failed" else "")
             if output:
                 res.message = f"{res.message.rstrip()}\nIts output during the test (last lines):\n{output}"
+        if pending:
+            self.kill()  # after reading their output: the pool's folder goes with it
         if any(res.outcome != "passed" for res in results.values()):
             self.broken = True  # collectives may be left half-matched: never reuse these ranks
         return [results[r] for r in range(self.world_size)]
@@ -206,15 +208,14 @@ class RankPool:
                 why = f"did not finish within the {timeout:g} s deadline (hang?)"
             results[r] = RankResult(r, "failed", f"rank {r} {why}.\nIts Python stack:\n{stacks[r]}",
                                     stopped=bool(failed))
-        self.kill()
 
     def _check_alive_after(self, results: dict[int, RankResult]) -> None:
         """End-of-test check (one poll, no message): a rank that died right after answering fails
         this test, not the next one. Skipped when the test failed anyway."""
         if self.broken or any(res.outcome == "failed" for res in results.values()):
             return
-        for r in wait([p.sentinel for p in self.procs], timeout=0):
-            r = next(i for i, p in enumerate(self.procs) if p.sentinel == r)
+        for sentinel in wait([p.sentinel for p in self.procs], timeout=0):
+            r = next(i for i, p in enumerate(self.procs) if p.sentinel == sentinel)
             self.procs[r].join(1)
             results[r] = RankResult(r, "failed", f"rank {r} {describe_exit(self.procs[r].exitcode)} "
                                                  f"just after its test body returned", died=True,

@@ -48,6 +48,7 @@ def test_rank_dies_by_signal(ctx, sig):
 @distributed(world_size=2, timeout=3)
 def test_hang_in_collective(ctx):
     if ctx.rank == 0:
+        print("rank 0 enters the all_reduce", flush=True)
         dist.all_reduce(torch.ones(1))  # rank 1 never joins
 
 

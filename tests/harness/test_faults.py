@@ -117,6 +117,8 @@ def test_4_hang_in_collective_fails_with_stacks_and_session_goes_on(which, reque
     rec = outcome(run, "test_hang_in_collective[ws2]")
     assert rec["outcome"] == "failed" and "did not finish within" in rec["text"]
     assert "in test_hang_in_collective" in rec["text"] and "all_reduce" in rec["text"]
+    if which == "pool_run":  # what the hung rank printed comes back too
+        assert "rank 0 enters the all_reduce" in rec["text"]
     assert outcome(run, "test_next_test_runs_clean[ws2]")["outcome"] == "passed"
 
 
