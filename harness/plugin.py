@@ -266,7 +266,7 @@ def pytest_pyfunc_call(pyfuncitem):
 def _run_timed(item, task, ws, backend, mode, leased) -> Verdict:
     """Start the ranks (not the test's time), then run the body under its deadline, with
     pytest-timeout's timer as a backstop should the harness itself get stuck."""
-    if mode == "pool":
+    if mode == "pool" and backends.skip_reason(backend, ws) is None:
         runner.prepare(ws, backend, leased)
     limit = _deadline(item)
     slack = deadline.STOP_SLACK_S + (START_TIMEOUT_S if mode == "spawn" else 0.0)
