@@ -5,6 +5,10 @@
   is one error line, a backend or device count this machine lacks is a skip with the reason.
 - `pytest_pyfunc_call` ships the item's parameters to the ranks, runs the body there and turns the
   ranks' verdict into the item's outcome; records from the ranks land in `item.user_properties`.
+- `pytest_timeout_set_timer` (pytest-timeout's hook) hands a distributed test's limit to the harness:
+  the body gets the whole limit, pool start-up is not counted (harness/deadline.py).
+- `pytest_runtestloop` reports, against the test that ran last on it, a rank that died while idle
+  between tests, as an error of that test's teardown: no run ends green with such a death unreported.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import sys
 
 import pytest
 
-from harness import backends, devices, runner, xdist_support
+from harness import backends, deadline, devices, forked_compat, runner, xdist_support
+from harness.pool import START_TIMEOUT_S, PoolStartError
 from harness.external import detect
 from harness.task import Task, takes_ctx
 from harness.verdict import Verdict
@@ -64,6 +69,8 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config._shardcheck_launch_env = detect()
     config._shardcheck_main_pid = os.getpid()
+    config._shardcheck_locations = {}  # nodeid -> location of distributed tests, for late reports
+    forked_compat.install()  # --forked on pytest >= 9.2 (see harness/forked_compat.py)
     if not hasattr(config, "workerinput"):  # the controller; xdist workers inherit its environment
         devices.prepare()
 
@@ -155,20 +162,23 @@ def _backend(item) -> str:
 
 
 def _deadline(item) -> float:
-    """Our deadline fires a little before pytest-timeout's, so a hang comes back with stacks."""
+    """The body's limit: @distributed(timeout=), else pytest-timeout's, else --rank-timeout."""
     own = item.get_closest_marker(MARKER).kwargs.get("timeout")
-    if own:
-        return float(own)
-    marker = item.get_closest_marker("timeout")
-    outer = None
-    if marker is not None:
-        outer = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
-    elif item.config.pluginmanager.hasplugin("timeout"):
-        outer = item.config.getoption("timeout", None)
-    if outer:
-        outer = float(outer)
-        return max(0.1, min(outer * 0.9, outer - 1.0))
-    return item.config.getoption("rank_timeout")
+    return deadline.limit(item, own, item.config.getoption("rank_timeout"))
+
+
+def _times_itself(item) -> bool:
+    """The harness enforces the limit of distributed tests it runs (not under torchrun/srun)."""
+    return item.get_closest_marker(MARKER) is not None and item.config._shardcheck_launch_env is None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's hook: a distributed test's limit is the harness's to enforce (with every
+    rank's stack), on the body only; see harness/deadline.py."""
+    if _times_itself(item) and deadline.take_over(item, settings):
+        return True
+    return None
 
 
 def pytest_runtest_setup(item):
@@ -226,6 +236,7 @@ def pytest_pyfunc_call(pyfuncitem):
     launch = pyfuncitem.config._shardcheck_launch_env
     mode = ("external" if launch else "thread" if backend == "threaded"
             else pyfuncitem.config.getoption("launch"))
+    pyfuncitem.config._shardcheck_locations[pyfuncitem.nodeid] = pyfuncitem.location
     try:
         if devices.leasing_applies(backend, mode):
             visible = len(devices.visible_devices())
@@ -233,11 +244,13 @@ def pytest_pyfunc_call(pyfuncitem):
                 pytest.skip(f"needs {ws} devices; {visible} visible")
             with devices.lease(ws, pyfuncitem.config.getoption("rank_timeout"),
                                prefer=runner.pool_devices(ws, backend)) as leased:
-                verdict = runner.run_task(task, ws, backend, mode, _deadline(pyfuncitem), leased)
+                verdict = _run_timed(pyfuncitem, task, ws, backend, mode, leased)
         else:
-            verdict = runner.run_task(task, ws, backend, mode, _deadline(pyfuncitem))
+            verdict = _run_timed(pyfuncitem, task, ws, backend, mode, None)
     except (backends.HarnessUsageError, devices.LeaseTimeout) as exc:
         verdict = Verdict("failed", str(exc), [])
+    except PoolStartError as exc:
+        verdict = Verdict("failed", f"could not start the ranks: {exc}", [])
     for key, per_rank in verdict.records():
         pyfuncitem.user_properties.append((key, per_rank))
     if verdict.results:
@@ -250,9 +263,40 @@ def pytest_pyfunc_call(pyfuncitem):
     return True
 
 
+def _run_timed(item, task, ws, backend, mode, leased) -> Verdict:
+    """Start the ranks (not the test's time), then run the body under its deadline, with
+    pytest-timeout's timer as a backstop should the harness itself get stuck."""
+    if mode == "pool" and backends.skip_reason(backend, ws) is None:
+        runner.prepare(ws, backend, leased)
+    limit = _deadline(item)
+    slack = deadline.STOP_SLACK_S + (START_TIMEOUT_S if mode == "spawn" else 0.0)
+    with deadline.backstop(item, limit + slack):
+        return runner.run_task(task, ws, backend, mode, limit, leased)
+
+
 def pytest_runtest_teardown(item):
     if os.getpid() != item.config._shardcheck_main_pid:  # pytest-forked child: its pools die with it
-        runner.shutdown_pools()
+        deaths = runner.shutdown_pools()  # in this child they can only be this test's
+        if deaths:
+            pytest.fail("; ".join(message for _, message in deaths), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """After the last test: stop the pools and report ranks that died while idle (see module doc)."""
+    result = yield
+    for culprit, message in runner.shutdown_pools():
+        _report_idle_death(session, culprit, message)
+    return result
+
+
+def _report_idle_death(session, culprit: str | None, message: str) -> None:
+    """A teardown error of the test that ran last on the dead rank (counted: the run fails)."""
+    nodeid = culprit or "shardcheck-pool"
+    location = session.config._shardcheck_locations.get(nodeid, (nodeid, None, nodeid))
+    report = pytest.TestReport(nodeid=nodeid, location=location, keywords={}, outcome="failed",
+                               longrepr=f"{message}: the death belongs to that test", when="teardown")
+    session.config.hook.pytest_runtest_logreport(report=report)
 
 
 def pytest_unconfigure(config):

@@ -13,12 +13,12 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import tempfile
 import time
 from multiprocessing.connection import wait
 
+from harness.output import output_since, pool_dir, trim_text
 from harness.task import RankResult, Task
-from harness.verdict import trim_stack
+from harness.verdict import root_first, trim_stack
 from harness.worker import rank_main
 
 FAILURE_GRACE_S = 1.0  # after one rank fails, how long the others get to report before they are stopped
@@ -41,6 +41,15 @@ class PoolStartError(RuntimeError):
     pass
 
 
+class RankDiedIdle(RuntimeError):
+    """A rank died between tests (found when the next test was handed out): no body of the new
+    test ran on any rank (they meet in a barrier first), so it can run again on fresh ranks."""
+
+    def __init__(self, deaths: list[tuple[str | None, str]]):
+        super().__init__("; ".join(message for _, message in deaths))
+        self.deaths = deaths
+
+
 class RankPool:
     def __init__(self, world_size: int, backend: str, method: str = "fork", mode: str = "pool",
                  pg_timeout_s: float = 1800.0, devices: list[str] | None = None):
@@ -48,10 +57,15 @@ class RankPool:
         self.devices = devices  # leased device ids (harness.devices): each rank's CUDA_VISIBLE_DEVICES
         self.owner_pid = os.getpid()
         self.broken = False
-        self.tmpdir = tempfile.mkdtemp(prefix="shardcheck-pool-")
+        self.tmpdir = pool_dir()
         context = mp.get_context(method)
         if method == "forkserver":
             context.set_forkserver_preload(PRELOAD)
+        # Each rank's place between tests, in shared memory (no message, no cost): +n while it runs
+        # the pool's n-th test, -n once it has answered it, 0 before its first test.
+        self.state = context.RawArray("q", world_size)
+        self.seq = 0
+        self.test_ids: dict[int, str] = {}  # the last tests run here, by sequence number
         self.procs, self.conns, self.stack_paths = [], [], []
         store_path = os.path.join(self.tmpdir, "store")
         for rank in range(world_size):
@@ -60,7 +74,8 @@ class RankPool:
             proc = context.Process(
                 target=rank_main, name=f"shardcheck-rank{rank}", daemon=True,
                 args=(rank, world_size, backend, store_path, child_end, self.owner_pid, stack_path,
-                      pg_timeout_s, mode, ",".join(devices) if devices is not None else None))
+                      pg_timeout_s, mode, ",".join(devices) if devices is not None else None,
+                      self.state))
             proc.start()
             child_end.close()
             self.procs.append(proc)
@@ -99,75 +114,112 @@ class RankPool:
     def _output_path(self, r: int) -> str:
         return self.stack_paths[r].replace("stacks-", "output-")
 
-    def _output_since(self, r: int, offset: int, lines: int = 40) -> str:
-        """What rank r printed since `offset`, minus the harness's own frames in fatal-signal dumps."""
-        try:
-            with open(self._output_path(r), errors="replace") as f:
-                f.seek(offset)
-                text = f.read()
-        except OSError:
-            return ""
-        kept, below_body = [], False
-        for line in text.splitlines():
-            if line.startswith("  File "):
-                below_body = below_body or "/harness/task.py" in line
-                if below_body:
-                    continue
-            else:
-                below_body = False
-            if not line.startswith("Extension modules:"):
-                kept.append(line)
-        return "\n".join(kept[-lines:]).rstrip()
+    def _idle_death(self, r: int) -> tuple[str | None, str]:
+        """(the test that ran last on rank r, or None, message) for a rank that died while idle."""
+        self.procs[r].join(1)
+        last = self.test_ids.get(-self.state[r])
+        after = f"after test {last} had passed on it" if last else "before its first test"
+        return last, (f"rank {r} of the {self.backend} pool (world size {self.world_size}) "
+                      f"{describe_exit(self.procs[r].exitcode)} while idle, {after}")
+
+    def idle_deaths(self) -> list[tuple[str | None, str]]:
+        """Ranks that died on their own while idle between tests (see `_idle_death`). Ranks the
+        harness stopped are not listed."""
+        if self.broken or self.owner_pid != os.getpid():
+            return []
+        return [self._idle_death(r) for r, proc in enumerate(self.procs)
+                if self.state[r] <= 0 and not proc.is_alive()]
 
     def run(self, task: Task, timeout: float) -> list[RankResult]:
+        """Run `task` on every rank; the deadline covers the body, not the pool's start-up."""
+        self.seq += 1
+        task.seq, self.test_ids[self.seq] = self.seq, task.test_id
+        self.test_ids.pop(self.seq - 2, None)
         offsets = [os.path.getsize(p) if os.path.exists(p) else 0
                    for p in map(self._output_path, range(self.world_size))]
         for conn in self.conns:
-            conn.send(task)
-        results: dict[int, RankResult] = {}
-        pending = set(range(self.world_size))
-        deadline = time.monotonic() + timeout
-        stop_at = deadline
-        first_failure: int | None = None
+            try:
+                conn.send(task)
+            except (BrokenPipeError, OSError):
+                pass  # that rank is dead; its sentinel says so below
         try:
-            while pending:
-                ready = wait([self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
-                             timeout=max(0.0, stop_at - time.monotonic()))
-                if not ready:
-                    break
-                for r in sorted(pending):
-                    result = self._collect(r, ready)
-                    if result is None:
-                        continue
-                    results[r] = result
-                    pending.discard(r)
-                    if result.outcome == "failed" and first_failure is None:
-                        first_failure = r
-                        stop_at = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+            results, pending = self._gather(timeout)
         except BaseException:
             # Interrupted in the parent (Ctrl-C, pytest-timeout): never leave ranks running.
             self.broken = True
             self.kill()
             raise
+        self._check_idle_deaths(results)
         if pending:
-            self.broken = True
-            stacks = self.stacks(pending)
-            if first_failure is None:
-                why = f"did not finish within the {timeout:g} s deadline (hang?)"
-            else:
-                why = f"was still running {FAILURE_GRACE_S:g} s after rank {first_failure} failed; stopped"
-            for r in pending:
-                results[r] = RankResult(r, "failed", f"rank {r} {why}.\nIts Python stack:\n{stacks[r]}",
-                                        stopped=first_failure is not None)
+            self._stop_pending(results, pending, timeout)
+        self._check_alive_after(results)
         for r, res in results.items():
-            output = self._output_since(r, offsets[r]) if res.outcome == "failed" else ""
+            res.message = trim_text(res.message)
+            output = (output_since(self._output_path(r), offsets[r], f"rank{r}")
+                      if res.outcome == "failed" else "")
             if output:
                 res.message = f"{res.message.rstrip()}\nIts output during the test (last lines):\n{output}"
         if pending:
-            self.kill()
+            self.kill()  # after reading their output: the pool's folder goes with it
         if any(res.outcome != "passed" for res in results.values()):
             self.broken = True  # collectives may be left half-matched: never reuse these ranks
         return [results[r] for r in range(self.world_size)]
+
+    def _gather(self, timeout: float) -> tuple[dict[int, RankResult], set[int]]:
+        """Wait for every rank's result, a death, or the deadline; after a first failure the others
+        get FAILURE_GRACE_S to report."""
+        results: dict[int, RankResult] = {}
+        pending = set(range(self.world_size))
+        deadline = time.monotonic() + timeout
+        stop_at = deadline
+        while pending:
+            ready = wait([self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
+                         timeout=max(0.0, stop_at - time.monotonic()))
+            if not ready:
+                break
+            # deaths first: a peer's death is what makes the others raise ("Connection closed")
+            for r in sorted(pending, key=lambda r: self.procs[r].sentinel not in ready):
+                result = self._collect(r, ready)
+                if result is None:
+                    continue
+                results[r] = result
+                pending.discard(r)
+                if result.outcome == "failed" and stop_at == deadline:
+                    stop_at = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+        return results, pending
+
+    def _check_idle_deaths(self, results: dict[int, RankResult]) -> None:
+        """A rank that died before it took this test was idle: its death belongs to the test before."""
+        idle = [r for r, res in results.items() if res.died and abs(self.state[r]) != self.seq]
+        if idle:
+            deaths = [self._idle_death(r) for r in idle]
+            self.kill()
+            raise RankDiedIdle(deaths)
+
+    def _stop_pending(self, results: dict[int, RankResult], pending: set[int], timeout: float) -> None:
+        """Ranks still running past the deadline, or past the grace after a failure: their stacks."""
+        self.broken = True
+        failed = sorted((res for res in results.values() if res.outcome == "failed"), key=root_first)
+        stacks = self.stacks(pending)
+        for r in pending:
+            if failed:
+                why = f"was still running {FAILURE_GRACE_S:g} s after rank {failed[0].rank} failed; stopped"
+            else:
+                why = f"did not finish within the {timeout:g} s deadline (hang?)"
+            results[r] = RankResult(r, "failed", f"rank {r} {why}.\nIts Python stack:\n{stacks[r]}",
+                                    stopped=bool(failed))
+
+    def _check_alive_after(self, results: dict[int, RankResult]) -> None:
+        """End-of-test check (one poll, no message): a rank that died right after answering fails
+        this test, not the next one. Skipped when the test failed anyway."""
+        if self.broken or any(res.outcome == "failed" for res in results.values()):
+            return
+        for sentinel in wait([p.sentinel for p in self.procs], timeout=0):
+            r = next(i for i, p in enumerate(self.procs) if p.sentinel == sentinel)
+            self.procs[r].join(1)
+            results[r] = RankResult(r, "failed", f"rank {r} {describe_exit(self.procs[r].exitcode)} "
+                                                 f"just after its test body returned", died=True,
+                                    failed_at=time.monotonic())
 
     def _collect(self, r: int, ready) -> RankResult | None:
         if self.conns[r] in ready:
@@ -178,7 +230,7 @@ class RankPool:
         if self.conns[r] in ready or self.procs[r].sentinel in ready:
             self.procs[r].join(2)
             return RankResult(r, "failed", f"rank {r} {describe_exit(self.procs[r].exitcode)} "
-                                           f"during the test")
+                                           f"during the test", died=True, failed_at=time.monotonic())
         return None
 
     def stacks(self, ranks) -> dict[int, str]:
@@ -199,11 +251,13 @@ class RankPool:
                 out[r] = "(no stack file)"
         return out
 
-    def shutdown(self) -> None:
-        """Ask ranks to leave; kill whoever does not within a second."""
+    def shutdown(self) -> list[tuple[str | None, str]]:
+        """Ask ranks to leave; kill whoever does not within a second. Returns the ranks that had
+        died on their own while idle (see `idle_deaths`)."""
         if self.owner_pid != os.getpid():
-            return  # a forked copy of the owner (pytest-forked): these ranks are not ours
-        if not self.broken:
+            return []  # a forked copy of the owner (pytest-forked): these ranks are not ours
+        deaths = self.idle_deaths()
+        if not self.broken and not deaths:
             for conn in self.conns:
                 try:
                     conn.send(None)
@@ -212,6 +266,7 @@ class RankPool:
             for proc in self.procs:
                 proc.join(1.0)
         self.kill()
+        return deaths
 
     def kill(self) -> None:
         if self.owner_pid != os.getpid():

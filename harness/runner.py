@@ -2,6 +2,9 @@
 
 This is the harness's single entry point; the pytest plugin and the benchmark both call `run`.
 Pools are kept per (world size, backend) for the life of the process and replaced after any failure.
+A rank that dies while idle between tests is blamed on the test that ran last on it: such deaths
+are collected (`take_idle_deaths`) for the plugin to report against that test, and the test that
+found the pool dead runs on fresh ranks.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import os
 from typing import Callable
 
 from harness import backends
-from harness.pool import PoolStartError, RankPool
+from harness.pool import PoolStartError, RankDiedIdle, RankPool
 from harness.task import RankResult, Task
 from harness.verdict import Verdict, decide
 
@@ -21,6 +24,14 @@ MAX_LIVE_POOLS = 4
 _pools: dict[tuple[int, str], RankPool] = {}
 _pools_pid = os.getpid()
 _external = None
+_idle_deaths: list[tuple[str | None, str]] = []  # (test that ran last on the rank, message)
+
+
+def take_idle_deaths() -> list[tuple[str | None, str]]:
+    """Rank deaths found while the ranks were idle since the last call: (culprit test id, message)."""
+    deaths = list(_idle_deaths)
+    _idle_deaths.clear()
+    return deaths
 
 
 def _pool(world_size: int, backend: str, devices: list[str] | None = None) -> RankPool:
@@ -30,14 +41,15 @@ def _pool(world_size: int, backend: str, devices: list[str] | None = None) -> Ra
     key = (world_size, backend)
     pool = _pools.get(key)
     if pool is not None and not pool.usable:
+        _idle_deaths.extend(pool.idle_deaths())
         pool.kill()
         pool = None
     elif pool is not None and pool.devices != devices:  # this test leased other devices: rebuild
-        pool.shutdown()
+        _idle_deaths.extend(pool.shutdown())
         pool = None
     if pool is None:
         while len(_pools) >= MAX_LIVE_POOLS:  # on 2 cores, idle pools cost memory, not time
-            _pools.pop(next(iter(_pools))).shutdown()
+            _idle_deaths.extend(_pools.pop(next(iter(_pools))).shutdown())
         _pools.pop(key, None)
         pool = _pools[key] = RankPool(world_size, backend, method=backends.start_method(backend),
                                       devices=devices)
@@ -52,11 +64,29 @@ def pool_devices(world_size: int, backend: str) -> list[str] | None:
     return pool.devices if pool is not None else None
 
 
-def shutdown_pools() -> None:
+def prepare(world_size: int, backend: str, devices: list[str] | None = None) -> None:
+    """Start (or check) the pool a pool-mode test will run on, before its deadline starts."""
+    _pool(world_size, backend, devices)
+
+
+def _run_on_pool(task: Task, world_size: int, backend: str, timeout: float,
+                 devices: list[str] | None) -> list[RankResult]:
+    """Run on the cached pool; if a rank is found to have died while idle, blame the test before
+    (recorded) and run this one on fresh ranks (no body ran: the ranks meet in a barrier first)."""
+    try:
+        return _pool(world_size, backend, devices).run(task, timeout)
+    except RankDiedIdle as exc:
+        _idle_deaths.extend(exc.deaths)
+    return _pool(world_size, backend, devices).run(task, timeout)
+
+
+def shutdown_pools() -> list[tuple[str | None, str]]:
+    """Stop every pool; returns the idle deaths not yet taken (see `take_idle_deaths`)."""
     if _pools_pid != os.getpid():
-        return
+        return []
     while _pools:
-        _pools.popitem()[1].shutdown()
+        _idle_deaths.extend(_pools.popitem()[1].shutdown())
+    return take_idle_deaths()
 
 
 atexit.register(shutdown_pools)
@@ -114,8 +144,8 @@ def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "po
             try:
                 return decide(pool.run(task, timeout))
             finally:
-                pool.shutdown()
-        return decide(_pool(world_size, backend, devices).run(task, timeout))
+                _idle_deaths.extend(pool.shutdown())
+        return decide(_run_on_pool(task, world_size, backend, timeout, devices))
     except PoolStartError as exc:
         return decide([RankResult(0, "failed", f"could not start the ranks: {exc}")])
 

@@ -31,6 +31,7 @@ class Task:
     kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     sys_path: list[str] = field(default_factory=list)
+    seq: int = 0  # the pool's running number for this test (set by RankPool.run)
 
     @classmethod
     def for_callable(cls, fn: Callable, kwargs: dict | None = None, test_id: str | None = None,
@@ -49,6 +50,8 @@ class RankResult:
     records: list[tuple[str, Any]] = field(default_factory=list)
     duration: float = 0.0
     stopped: bool = False  # the harness stopped this rank because another rank had failed
+    died: bool = False  # the rank's process ended (exit or signal) instead of answering
+    failed_at: float | None = None  # time.monotonic() of the failure (system-wide on Linux)
 
 
 def resolve(task: Task) -> Callable:
@@ -127,7 +130,7 @@ def execute(task: Task, ctx, on_failure: Callable[[BaseException], None] | None 
     except _skip_types() as exc:
         result.outcome, result.message = "skipped", str(getattr(exc, "msg", exc) or exc)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt on a rank are failures too
-        result.outcome = "failed"
+        result.outcome, result.failed_at = "failed", time.monotonic()
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # drop this frame
         result.message = "".join(traceback.format_exception(type(exc), exc, tb))
         if on_failure is not None:

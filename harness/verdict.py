@@ -49,18 +49,35 @@ def trim_stack(text: str) -> str:
     return "\n\n".join(blocks) or text
 
 
+def root_first(result: RankResult) -> tuple:
+    """Sort key putting the root cause of a failure first, in time: ranks that failed on their own
+    before ranks the harness stopped; a rank that died before ranks that raised (a peer's death is
+    what makes the others raise, e.g. gloo's "Connection closed by peer", not the reverse); then
+    the earliest failure; ranks that hung (no failure time) last."""
+    when = result.failed_at if result.failed_at is not None else float("inf")
+    return result.stopped, not result.died, when, result.rank
+
+
+def _headline(failed: list[RankResult], world_size: int) -> str:
+    root = failed[0]
+    first = summary_line(root.message)
+    if not first.startswith(f"rank {root.rank} "):
+        first = f"rank {root.rank}: {first}"
+    after = ""
+    if root.failed_at is not None and len(failed) > 1:  # a real failure, not a hang everywhere
+        others = ", ".join(str(r.rank) for r in failed[1:])
+        after = f"; then, as a consequence, rank{'s' if len(failed) > 2 else ''} {others}"
+    return f"{first} ({len(failed)} of {world_size} ranks failed{after})"
+
+
 def decide(results: list[RankResult]) -> Verdict:
     failed = [r for r in results if r.outcome == "failed"]
     skipped = [r for r in results if r.outcome == "skipped"]
     if failed:
-        # Ranks that failed on their own first; ranks stopped because of them after.
-        failed.sort(key=lambda r: (r.stopped, r.rank))
-        first = summary_line(failed[0].message)
-        if not first.startswith(f"rank {failed[0].rank} "):
-            first = f"rank {failed[0].rank}: {first}"
-        header = f"{first} ({len(failed)} of {len(results)} ranks failed)"
-        body = "\n".join(f"---------- rank {r.rank} ----------\n{r.message.rstrip()}" for r in failed)
-        return Verdict("failed", f"{header}\n{body}", results)
+        failed.sort(key=root_first)  # the root cause (first to fail, in time) heads the report
+        body = "\n".join(f"---------- rank {r.rank}{' (consequence)' if i and failed[0].failed_at else ''}"
+                         f" ----------\n{r.message.rstrip()}" for i, r in enumerate(failed))
+        return Verdict("failed", f"{_headline(failed, len(results))}\n{body}", results)
     if skipped and len(skipped) == len(results):
         reasons = sorted({r.message for r in skipped})
         return Verdict("skipped", "; ".join(reasons), results)

@@ -39,7 +39,8 @@ def _die_with(owner_pid: int) -> None:
 
 def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, owner_pid: int,
               stack_path: str, pg_timeout_s: float, mode: str = "pool",
-              visible_devices: str | None = None) -> None:
+              visible_devices: str | None = None, state=None) -> None:
+    """`state`: the pool's shared array; this rank's slot is +n while it runs test n, -n after."""
     if visible_devices is not None:  # the leased devices, before anything initialises CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     _die_with(owner_pid)
@@ -84,13 +85,18 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
             break
         if task is None:
             break
+        if state is not None:
+            state[rank] = task.seq
         reset_process_state(task.seed)
         ctx = RankContext(rank=rank, world_size=world_size, backend=backend, device=device,
                           mode=mode, _meshes=meshes)
         dist.barrier()  # every rank is alive and between tests before the body starts
-        conn.send(execute(task, ctx))
+        result = execute(task, ctx)
         sys.stdout.flush()
         sys.stderr.flush()
+        if state is not None:
+            state[rank] = -task.seq  # idle from here on: a death now belongs to this test
+        conn.send(result)
     try:
         dist.destroy_process_group()
     finally:

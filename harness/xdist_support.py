@@ -16,9 +16,18 @@ _reason: list[str] = []  # the header line, once `-n gpus` was parsed in this pr
 
 
 def _find_numprocesses(parser):
-    optparser = getattr(parser, "optparser", None)  # pytest >= 9: options live on an argparse parser
+    """Where `-n` is declared: the argparse action (pytest >= 9 keeps one argparse parser), else
+    pytest's own `Argument` (pytest 8 builds a new argparse parser from them at every parse)."""
+    optparser = getattr(parser, "optparser", None)
     actions = getattr(optparser, "_option_string_actions", {})
-    return actions.get("-n") or actions.get("--numprocesses")
+    action = actions.get("-n") or actions.get("--numprocesses")
+    if action is not None:
+        return action
+    for group in [getattr(parser, "_anonymous", None), *getattr(parser, "_groups", [])]:
+        for option in getattr(group, "options", []):
+            if "-n" in option.names():
+                return option
+    return None
 
 
 def teach_gpus(parser) -> bool:
@@ -39,7 +48,12 @@ def teach_gpus(parser) -> bool:
 
     numprocesses.shardcheck_gpus = True
     action.type = numprocesses
-    action.help = (action.help or "") + f"\nWith '{WORD}' (shardcheck): one worker per visible GPU."
+    more_help = f"\nWith '{WORD}' (shardcheck): one worker per visible GPU."
+    attrs = getattr(action, "_attrs", None)
+    if isinstance(attrs, dict):  # pytest 8's Argument: argparse is built from these at every parse
+        attrs["type"], attrs["help"] = numprocesses, (attrs.get("help") or "") + more_help
+    else:
+        action.help = (action.help or "") + more_help
     return True
 
 

@@ -1,7 +1,11 @@
 """The repository's promises about itself."""
 
+import configparser
 import re
+import tomllib
 from pathlib import Path
+
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,6 +21,39 @@ def test_ci_runs_the_readme_test_command():
     assert ci_lines[-1] == test_command
     assert "pip install torch==2.13.0" in install_and_run and "shardcheck run" in install_and_run
     assert any("pip install" in line and "torch==2.13.0" in line for line in ci_lines)
+
+
+def test_ci_builds_fresh_ignored_virtualenvs_and_installs_torch_first():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m venv" in ci and "--system-site-packages" not in ci
+    assert ".venv-ci/" in (ROOT / ".gitignore").read_text().splitlines()
+    lines = ci.splitlines()
+    readme_venv = max(i for i, line in enumerate(lines) if "fresh_venv readme" in line)
+    torch_first = lines.index("pip install torch==2.13.0", readme_venv)
+    assert readme_venv < torch_first < lines.index("pip install -e '.[test]'", readme_venv)
+    lowest = next(i for i, line in enumerate(lines) if "-c .ci/lowest-constraints.txt" in line)
+    assert lowest < readme_venv  # the lowest-versions step comes before the README's test command
+
+
+def _lower_bounds_in_pyproject() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + project["optional-dependencies"]["test"]
+    bounds = dict(re.match(r"([A-Za-z0-9_.-]+)>=([^,;\s]+)", r).groups() for r in requirements)
+    bounds.pop("torch")  # pinned to the CPU build everywhere
+    return {name: Version(v) for name, v in bounds.items()}
+
+
+def _pins(path: Path) -> dict[str, str]:
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    return {name: Version(v) for name, v in pins.items()}
+
+
+def test_lowest_constraints_are_pyprojects_lower_bounds():
+    assert _pins(ROOT / ".ci" / "lowest-constraints.txt") == _lower_bounds_in_pyproject()
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    assert "-r{toxinidir}/.ci/lowest-constraints.txt" in tox["testenv:lowest"]["deps"]
 
 
 def test_only_one_module_imports_torch_testing_internal():

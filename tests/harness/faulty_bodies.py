@@ -5,6 +5,7 @@ Each name says the fault; test_faults.py asserts the outcome and message that ea
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -47,6 +48,7 @@ def test_rank_dies_by_signal(ctx, sig):
 @distributed(world_size=2, timeout=3)
 def test_hang_in_collective(ctx):
     if ctx.rank == 0:
+        print("rank 0 enters the all_reduce", flush=True)
         dist.all_reduce(torch.ones(1))  # rank 1 never joins
 
 
@@ -121,3 +123,58 @@ def test_rank_aborts_after_printing(ctx):
         print("rank 1 is about to abort", flush=True)
         os.abort()
     dist.barrier()
+
+
+@distributed(world_size=2)
+def test_rank1_exits_while_rank0_waits_in_a_collective(ctx):
+    if ctx.rank == 1:
+        os._exit(3)
+    dist.all_reduce(torch.ones(1))  # rank 0 gets "Connection closed by peer": a consequence
+
+
+@distributed(world_size=2)
+@pytest.mark.timeout(1)
+def test_timeout_1_body_takes_0_4_s(ctx):
+    time.sleep(0.4)
+    dist.barrier()
+
+
+@distributed(world_size=2)
+@pytest.mark.timeout(2)
+def test_timeout_2_body_takes_1_3_s(ctx):
+    time.sleep(1.3)
+    dist.barrier()
+
+
+@distributed(world_size=2)
+@pytest.mark.timeout(1)
+def test_hang_after_slow_start(ctx):
+    if ctx.rank == 1:
+        time.sleep(600)
+    dist.barrier()
+
+
+@distributed(world_size=2)
+def test_rank_prints_a_huge_line(ctx):
+    if ctx.rank == 1:
+        print("x" * 5_000_000, flush=True)
+        print("the end of rank 1's output", flush=True)
+        raise ValueError("after a huge line")
+
+
+@distributed(world_size=2)
+def test_rank1_dies_just_after_returning(ctx):
+    dist.barrier()
+    if ctx.rank == 1:
+        threading.Timer(0.3, os._exit, (3,)).start()  # the body returns; the rank dies 0.3 s later
+
+
+def test_pause_between_tests():
+    time.sleep(0.8)  # not distributed: the pool sits idle meanwhile
+
+
+@distributed(world_size=2)
+def test_runs_on_fresh_ranks_after_an_idle_death(ctx):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2.0

@@ -29,13 +29,24 @@ def pytest_runtest_logreport(report):
 """
 
 
-def child_session(workdir: Path, *args: str, wait: bool = True):
+SLOW_START = """
+import time
+import harness.pool
+_rank_main = harness.pool.rank_main
+def _slow_rank_main(*args, **kwargs):
+    time.sleep(1.5)  # a slow pool start-up (as at large world sizes)
+    _rank_main(*args, **kwargs)
+harness.pool.rank_main = _slow_rank_main
+"""
+
+
+def child_session(workdir: Path, *args: str, wait: bool = True, conftest: str = "", env=None):
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE / "faulty_bodies.py", workdir / "test_bodies.py")
-    (workdir / "conftest.py").write_text(RECORDER)
+    (workdir / "conftest.py").write_text(RECORDER + conftest)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_bodies.py", *args]
     proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=env)
     if not wait:
         return proc
     out, _ = proc.communicate(timeout=300)
@@ -87,6 +98,17 @@ def test_2_exception_fails_with_that_ranks_traceback_and_stops_the_others(which,
 def test_3_death_by_signal_names_the_signal(pool_run, sig):
     rec = outcome(pool_run, f"test_rank_dies_by_signal[ws2-{sig}]")
     assert rec["outcome"] == "failed" and f"rank 1 was killed by signal {sig}" in rec["text"]
+    # the dead rank is the headline (pytest's short summary), rank 0's error its consequence
+    assert rec["text"].startswith(f"rank 1 was killed by signal {sig} during the test"), rec["text"]
+
+
+def test_3_the_root_cause_heads_the_failure_and_peers_are_consequences(pool_run):
+    rec = outcome(pool_run, "test_rank1_exits_while_rank0_waits_in_a_collective[ws2]")
+    first = rec["text"].splitlines()[0]
+    assert first.startswith("rank 1 exited with code 3 during the test"), rec["text"]
+    assert "as a consequence, rank 0" in first
+    assert rec["text"].index("---------- rank 1 ----------") < \
+        rec["text"].index("---------- rank 0 (consequence) ----------")
 
 
 @pytest.mark.parametrize("which", ["pool_run", "thread_run"])
@@ -95,6 +117,8 @@ def test_4_hang_in_collective_fails_with_stacks_and_session_goes_on(which, reque
     rec = outcome(run, "test_hang_in_collective[ws2]")
     assert rec["outcome"] == "failed" and "did not finish within" in rec["text"]
     assert "in test_hang_in_collective" in rec["text"] and "all_reduce" in rec["text"]
+    if which == "pool_run":  # what the hung rank printed comes back too
+        assert "rank 0 enters the all_reduce" in rec["text"]
     assert outcome(run, "test_next_test_runs_clean[ws2]")["outcome"] == "passed"
 
 
@@ -103,7 +127,7 @@ def test_4_sleeping_rank_with_pytest_timeout_marker_fails_with_its_stack(pool_ru
     assert rec["outcome"] == "failed"
     for rank in (0, 1):  # both hang (rank 0 in the barrier, rank 1 asleep): both stacks shown
         section = rec["text"].split(f"---------- rank {rank} ----------")[1]
-        assert f"rank {rank} did not finish within the 3 s deadline" in section
+        assert f"rank {rank} did not finish within the 4 s deadline" in section
         assert "in test_hang_sleeping_rank_with_timeout_marker" in section
     assert "Timeout >4" not in rec["text"]  # ours fired first, with stacks
 
@@ -115,6 +139,58 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, just not yet reaped
         return f.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("limit, body", [(1, 0.4), (2, 1.3)])
+def test_4_the_body_gets_the_whole_pytest_timeout_limit(pool_run, limit, body):
+    rec = outcome(pool_run, f"test_timeout_{limit}_body_takes_{str(body).replace('.', '_')}_s[ws2]")
+    assert rec["outcome"] == "passed", rec["text"]
+
+
+def test_4_pool_start_up_does_not_count_against_the_limit(tmp_path):
+    _, out, records = child_session(tmp_path, "-k", "hang_after_slow_start", conftest=SLOW_START)
+    rec = records["test_hang_after_slow_start[ws2]"]
+    assert "did not finish within the 1 s deadline" in rec["text"], out[-3000:]
+    assert "in test_hang_after_slow_start" in rec["text"] and "Timeout >" not in rec["text"]
+
+
+def test_3_a_rank_dying_while_idle_is_blamed_on_its_last_test(pool_run):
+    rec = outcome(pool_run, "test_rank1_dies_just_after_returning[ws2]")
+    assert rec["when"] == "teardown" and rec["outcome"] == "failed", rec
+    assert "rank 1 of the gloo pool (world size 2) exited with code 3 while idle, after test " \
+           "test_bodies.py::test_rank1_dies_just_after_returning[ws2] had passed" in rec["text"]
+    assert outcome(pool_run, "test_runs_on_fresh_ranks_after_an_idle_death[ws2]")["outcome"] == "passed"
+
+
+def test_3_a_run_never_ends_green_with_an_unreported_rank_death(tmp_path):
+    code, out, records = child_session(tmp_path, "-k", "dies_just_after_returning or pause_between")
+    assert code == 1, out[-3000:]
+    assert "2 passed" in out and "1 error" in out and "exited with code 3 while idle" in out
+
+
+def test_6_a_huge_output_line_is_trimmed_and_kept_whole_in_a_file(pool_run):
+    rec = outcome(pool_run, "test_rank_prints_a_huge_line[ws2]")
+    text = rec["text"]
+    assert rec["outcome"] == "failed" and "after a huge line" in text.splitlines()[0]
+    assert len(text) < 20_000 and "the end of rank 1's output" in text
+    kept = text.split("bytes trimmed; whole output in ")[1].split("]")[0]
+    try:
+        assert os.path.getsize(kept) > 5_000_000
+    finally:
+        os.unlink(kept)
+
+
+def test_6_stale_pool_folders_of_dead_pytest_processes_are_removed(tmp_path):
+    tmp = tmp_path / "tmp"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp / f"shardcheck-pool-{dead.pid}-abc" / "sub").mkdir(parents=True)
+    (tmp / f"shardcheck-pool-{os.getpid()}-def").mkdir()  # its owner (this process) is alive
+    code, out, _ = child_session(tmp_path / "s", "-k", "next_test_runs_clean",
+                                 env={**os.environ, "TMPDIR": str(tmp)})
+    assert code == 0, out[-2000:]
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("shardcheck-pool-")) == \
+        [f"shardcheck-pool-{os.getpid()}-def"]
 
 
 def test_5_sigkill_of_pytest_leaves_no_rank_alive(tmp_path):
