@@ -37,12 +37,20 @@ def _die_with(owner_pid: int) -> None:
     threading.Thread(target=watchdog, name="shardcheck-watchdog", daemon=True).start()
 
 
+def launcher_env(rank: int, world_size: int) -> dict[str, str]:
+    """What torchrun gives a rank on one node, so engines that read it (DeepSpeed asserts LOCAL_RANK;
+    Accelerate, Lightning) find it. No MASTER_ADDR/PORT: the rendezvous is a FileStore, no TCP."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0"}
+
+
 def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, owner_pid: int,
               stack_path: str, pg_timeout_s: float, mode: str = "pool",
               visible_devices: str | None = None, state=None) -> None:
     """`state`: the pool's shared array; this rank's slot is +n while it runs test n, -n after."""
     if visible_devices is not None:  # the leased devices, before anything initialises CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+    os.environ.update(launcher_env(rank, world_size))
     _die_with(owner_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stack_file = open(stack_path, "w")

@@ -48,3 +48,18 @@ def test_seeded_sections_are_identical_on_every_rank(ctx):
     with ctx.seeded(7):
         a = torch.randn(4)
     ctx.assert_equal_across_ranks(a, "seeded tensor")
+
+
+@distributed(world_size=[2, 3])
+def test_ranks_see_what_a_launcher_gives(ctx):
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE as torchrun sets them on one node (process
+    modes; thread-mode ranks share one environment, so there they are not set per rank)."""
+    import os
+
+    if ctx.is_threaded:
+        pytest.skip("thread-mode ranks share one process environment")
+    if ctx.mode == "external":
+        assert int(os.environ["WORLD_SIZE"]) >= ctx.world_size
+        return
+    assert os.environ["RANK"] == os.environ["LOCAL_RANK"] == str(ctx.rank)
+    assert os.environ["WORLD_SIZE"] == os.environ["LOCAL_WORLD_SIZE"] == str(ctx.world_size)
