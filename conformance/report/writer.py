@@ -112,8 +112,8 @@ def unwritable(path: Path) -> str | None:
                 os.close(fd)
             if not existed:
                 p.unlink()
-    except FileExistsError as exc:  # a file where a folder should be
-        return f"{exc.filename}: not a directory"
+    except (FileExistsError, NotADirectoryError):  # a file where a folder should be
+        return f"{next(p for p in reversed(path.parents) if p.is_file())}: not a directory"
     except OSError as exc:
         return f"{exc.filename or path}: {exc.strerror}"
     return None
