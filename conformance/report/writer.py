@@ -59,6 +59,15 @@ def _jsonable(value):
     return getattr(value, "name", None) or str(value)
 
 
+def _largest(values) -> float | None:
+    """The largest measured error over every rank's comparisons; NaN wins (max() would drop a NaN
+    that is not first); None when nothing was compared."""
+    values = [float(v) for v in values if v is not None]
+    if not values:
+        return None
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
 def family_of(nodeid: str) -> str:
     """`conformance/checks/test_clip_grad_dtensor.py::...` -> `clip_grad`."""
     from conformance.checks import family_of_file
@@ -176,8 +185,8 @@ class ReportWriter:
             "params": params, "duration_s": round(report.duration, 4),
             "message": _message(report, outcome),
             "rank_outcomes": _jsonable(props.get("rank_outcomes", {})),
-            "max_abs_err": max((e["max_abs"] for e in errors), default=None),
-            "max_rel_err": max((e["max_rel"] for e in errors), default=None),
+            "max_abs_err": _jsonable(_largest(e["max_abs"] for e in errors)),
+            "max_rel_err": _jsonable(_largest(e["max_rel"] for e in errors)),
             "tolerances": sorted({(e["rtol"], e["atol"]) for e in errors if e["rtol"] is not None}),
             "expectation": _jsonable(props.get("expectation")),
         }
