@@ -8,9 +8,23 @@ import copy
 import torch
 from torch.distributed._composable.replicate import replicate
 from torch.distributed.device_mesh import init_device_mesh
-from torch.testing._internal.common_fsdp import MLPStack
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+
+from conformance.checks.support.models.dtensor_models import MLPStack  # torch's, ported
 
 from _launch import run, verdict
+
+
+def torch_plan(model):
+    plan = {}
+    for path, s in model.tp_plan().items():  # the port's plan as torch's styles
+        extra = {} if s.output_shard_dim is None else {"output_layouts": Shard(s.output_shard_dim)}
+        style = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}.get(s.kind)
+        plan[path] = (SequenceParallel(sequence_dim=s.sequence_dim) if s.kind == "sequence"
+                      else style(use_local_output=s.use_local_output, **extra))
+    return plan
 
 
 def body(rank, world_size):
@@ -18,7 +32,9 @@ def body(rank, world_size):
     torch.manual_seed(42)
     model = MLPStack(16, with_seq_parallel=True)
     ref = replicate(copy.deepcopy(model), process_group=mesh["dp"].get_group())
-    model.parallelize(mesh["tp"], mesh["dp"], False, reshard_after_forward=True)
+    parallelize_module(model, mesh["tp"], torch_plan(model))  # as torch's MLPStack.parallelize does
+    for unit in [m for m in model if not isinstance(m, torch.nn.LayerNorm)] + [model]:
+        fully_shard(unit, mesh=mesh["dp"], reshard_after_forward=True)
     inp = torch.randn(2, 16)
     ref(inp).sum().backward()
     model(inp).sum().backward()
