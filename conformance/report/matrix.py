@@ -30,6 +30,7 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION", "ReportError", "load", "validate", "markd
 NOT_RUN = NOT_REACHED                     # left out of the conformance percentage
 FAILING = BAD                             # listed as failing cells
 ORDER = OUTCOMES
+FOLD = 5                                  # longer lists of a finding's cells are folded (<details>)
 NOTE = ("Coverage = cells that reached a verdict / cells collected (unsupported and skipped cells did not "
         "reach one). Conformance = passed / reached (an xfailed, known failure counts as not passed).")
 
@@ -186,7 +187,9 @@ def markdown(reports: list[dict]) -> str:
                     f"{len(g['cells'])} cell(s)", "", _md(g["reason"]), ""]
         if g["repro"]:
             out += [f"Reproduction: {_code(g['repro'])}", ""]
-        out += [f"- {_md(column)} {_code(cid)}" for column, cid in g["cells"]]
+        items = [f"- {_md(column)} {_code(cid)}" for column, cid in g["cells"]]
+        out += items if len(items) <= FOLD else [f"<details><summary>{len(items)} cells</summary>", "",
+                                                 *items, "", "</details>"]
     if not groups:
         out += ["", "None."]
     fails = failing(cells)

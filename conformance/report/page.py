@@ -9,7 +9,7 @@ import html
 import io
 
 from conformance.report import coverage
-from conformance.report.matrix import NOTE, describe, failing, header, known, merge, rate, rows, tabulate
+from conformance.report.matrix import FOLD, NOTE, describe, failing, header, known, merge, rate, rows, tabulate
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;color:#222}h1{font-size:1.4rem}h2{font-size:1.1rem}
@@ -52,6 +52,10 @@ def chart_png(table_rows) -> bytes:
     return buffer.getvalue()
 
 
+def _fold(body: str, n: int) -> str:
+    return body if n <= FOLD else f"<details><summary>{n} cells</summary>{body}</details>"
+
+
 def _known_html(groups: list[dict]) -> str:
     e = html.escape
     if not groups:
@@ -62,7 +66,7 @@ def _known_html(groups: list[dict]) -> str:
         items = "".join(f"<li>{e(column)} <code>{e(cid)}</code></li>" for column, cid in g["cells"])
         repro = f"<p>Reproduction: <code>{e(g['repro'])}</code></p>" if g["repro"] else ""
         parts.append(f'<div class="finding"><h3>{e(g["finding"] or "no finding id")} · {e(impls)} · '
-                     f'{len(g["cells"])} cell(s)</h3><p>{e(g["reason"])}</p>{repro}<ul>{items}</ul></div>')
+                     f'{len(g["cells"])} cell(s)</h3><p>{e(g["reason"])}</p>{repro}{_fold(f"<ul>{items}</ul>", len(g["cells"]))}</div>')
     return "".join(parts)
 
 
