@@ -120,7 +120,7 @@ def _report_assemble(args) -> int:
     except (reporting.StreamError, OSError) as exc:
         print(f"shardcheck: {exc}", file=sys.stderr)
         return 2
-    problem = validate(report) or reporting.unwritable(out)
+    problem = validate(report) or reporting.unwritable(out, stream=False)
     if problem:  # never write a report that fails the schema
         print(f"shardcheck: {lines}: cannot make a valid report: {problem}", file=sys.stderr)
         return 2

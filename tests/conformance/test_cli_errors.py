@@ -125,3 +125,25 @@ def test_a_thin_run_fails_under_min_coverage(tmp_path):
     assert reading.validate(report) is None
     assert report["summary"]["by_impl"]["ddp"]["api"]["coverage"] == 0.0
     assert report["summary"]["by_impl"]["reference"]["all"]["conformance"] == 100.0
+
+
+def test_the_lock_dies_with_the_run_even_when_a_forked_rank_lives_on(tmp_path):
+    code = f"""
+import os, time
+from pathlib import Path
+from conformance.report import writer
+stream = writer.lock_stream(Path({str(tmp_path / 'r.jsonl')!r}))
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+Path({str(tmp_path / 'pid')!r}).write_text(str(child))
+os._exit(0)
+"""
+    subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=60, check=True)
+    rank = int((tmp_path / "pid").read_text())
+    try:
+        reporting.lock_stream(tmp_path / "r.jsonl").close()  # free: the rank does not hold it
+    finally:
+        __import__("os").kill(rank, 9)
