@@ -1,12 +1,19 @@
 """`shardcheck`: the command-line entry point.
 
     shardcheck run [--impl NAME]... [--backend gloo|threaded|nccl] [--world-sizes 2,4]
-                   [--family clip_grad,...] [-k EXPR] [-o REPORT] [-- pytest args]
+                   [--family clip_grad,...] [-k EXPR] [-o REPORT] [--min-coverage PCT]
+                   [-- pytest args]
 
 runs the conformance matrix through pytest (the checks are pytest tests) and writes a JSON report,
-with a progress bar on a terminal (plain progress lines elsewhere) and a families x outcomes table.
-Exit code: 0 when no cell failed or errored (xfailed and unsupported cells do not count), 1
-otherwise; pytest's codes for usage errors pass through. `-- -n 2` runs it on pytest-xdist workers.
+with a progress bar on a terminal (plain progress lines elsewhere), a families x outcomes table and
+coverage (cells that reached a verdict / cells collected) and conformance (passed / reached) per
+implementation and layer. Exit code: 0 when no cell failed or errored (xfailed and unsupported cells
+do not count) and every implementation's coverage is at least --min-coverage (default 0: off, since
+an implementation without FSDP-style APIs legitimately reaches few api cells; CI should set it), 1
+otherwise; 2 for a usage error of this command (bad option value, unwritable report path, a report
+path another live run writes); pytest's codes for its usage errors pass through. `-- -n 2` runs it
+on pytest-xdist workers. The default report name carries the time and the process id, so runs
+started together never share a file.
 
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
 
@@ -24,8 +31,9 @@ collectives at world sizes beyond the machine. `run --launcher torchrun` runs on
 from __future__ import annotations
 
 import argparse
-import subprocess
 import datetime as dt
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,8 +51,14 @@ def _run(args, passthrough: list[str]) -> int:
         print(f"shardcheck: unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}",
               file=sys.stderr)
         return 4
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = f"{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"  # two runs in one second: two files
     out = Path(args.output or f"reports/local/{'+'.join(args.impl or ['reference'])}-{args.backend}-{stamp}.json")
+    from conformance.report import writer as reporting
+
+    problem = reporting.unwritable(out) if args.launcher == "none" else None
+    if problem:
+        print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
+        return 2
     argv = sorted(str(p) for f in families for p in CHECKS.rglob(f"test_{f}*.py"))
     argv += ["-p", "no:cacheprovider", "--backend", args.backend, "--shardcheck-report", str(out),
              "-o", "addopts=", "-o", "console_output_style=classic", "-q", "-rfEU",
@@ -67,15 +81,16 @@ def _run(args, passthrough: list[str]) -> int:
     from conformance.cli.progress import RunProgress  # rich: only for this command
 
     progress = RunProgress()
+    before = out.stat().st_mtime_ns if out.is_file() else None
     try:
         code = pytest.main(argv + passthrough, plugins=[progress])
     finally:
         progress.stop()
     if progress.n_done:
         progress.print_summary()
-    if out.exists():
+    if out.is_file() and out.stat().st_mtime_ns != before:
         print(f"shardcheck: report written to {out}")
-    return progress.exit_code(code)
+    return progress.exit_code(code, args.min_coverage)
 
 
 def _without_launcher(argv: list[str]) -> list[str]:
@@ -98,11 +113,45 @@ def _report_assemble(args) -> int:
         print(f"shardcheck: no such file: {lines}", file=sys.stderr)
         return 2
     out = Path(args.output or (str(lines)[:-1] if lines.suffix == ".jsonl" else f"{lines}.json"))
-    report = reporting.assemble(lines)
+    from conformance.report.reading import validate
+
+    try:
+        report = reporting.assemble(lines)
+    except (reporting.StreamError, OSError) as exc:
+        print(f"shardcheck: {exc}", file=sys.stderr)
+        return 2
+    problem = validate(report) or reporting.unwritable(out, stream=False)
+    if problem:  # never write a report that fails the schema
+        print(f"shardcheck: {lines}: cannot make a valid report: {problem}", file=sys.stderr)
+        return 2
     reporting.write(report, out)
     print(f"shardcheck: report written to {out} ({len(report['cells'])} cells, "
           f"complete: {str(report['complete']).lower()})")
     return 0
+
+
+def _impl_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty implementation name (e.g. --impl torch-fsdp2)")
+    return text
+
+
+def _world_sizes(text: str) -> str:
+    sizes = [s.strip() for s in text.split(",")]
+    if not all(s.isdigit() and int(s) > 0 for s in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers "
+                                         "(e.g. 2,4)")
+    return ",".join(sizes)
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage from 0 to 100")
+    return value
 
 
 def _add_matrix_and_diff(sub) -> None:
@@ -118,10 +167,11 @@ def _add_matrix_and_diff(sub) -> None:
 
 def _matrix_or_diff(args) -> int:
     from conformance.report import diff, matrix  # matplotlib and rich load only for these commands
+    from conformance.report.reading import ReportError
 
     try:
         return (matrix.main if args.command == "matrix" else diff.main)(args)
-    except matrix.ReportError as exc:
+    except ReportError as exc:
         print(f"shardcheck: {exc}", file=sys.stderr)
         return 2
 
@@ -148,12 +198,17 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the conformance matrix and write a JSON report")
-    run.add_argument("--impl", action="append", help="implementation (repeatable); default reference")
+    run.add_argument("--impl", action="append", type=_impl_name,
+                     help="implementation (repeatable); default reference")
     run.add_argument("--backend", default="gloo", help="gloo (default), threaded or nccl")
-    run.add_argument("--world-sizes", help="comma-separated world sizes to keep, e.g. 2,4")
+    run.add_argument("--world-sizes", type=_world_sizes, help="comma-separated world sizes to keep, e.g. 2,4")
     run.add_argument("--family", help=f"comma-separated check families: {', '.join(FAMILIES)}")
     run.add_argument("-k", help="pytest -k expression selecting cells")
-    run.add_argument("-o", "--output", help="report path (default reports/local/<impl>-<backend>-<time>.json)")
+    run.add_argument("-o", "--output",
+                     help="report path (default reports/local/<impl>-<backend>-<time>-<pid>.json)")
+    run.add_argument("--min-coverage", type=_percent, default=0.0, metavar="PCT",
+                     help="fail the run when an implementation's coverage (cells that reached a verdict "
+                          "/ cells collected, all layers) is below PCT percent (default 0: off)")
     run.add_argument("--launcher", choices=("none", "torchrun"), default="none",
                      help="torchrun: run the matrix on ranks started by torchrun --standalone "
                           "(multi-node: start `torchrun ... -m conformance.cli run` yourself)")

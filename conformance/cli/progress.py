@@ -3,7 +3,8 @@
 On a terminal: a rich progress bar (cells done / total, failures so far, elapsed) replaces
 pytest's per-test letters. Elsewhere (CI logs, pipes): a plain line every `every` cells or
 `interval_s` seconds, e.g. `[  120/  525] 3 failed, 40 unsupported, 35 s`. At the end,
-`print_summary()` prints a families x outcomes table. Works under pytest-xdist: the controller
+`print_summary()` prints a families x outcomes table and coverage / conformance per implementation
+and layer (conformance.report.coverage); `exit_code(..., min_coverage)` fails a thin run. Works under pytest-xdist: the controller
 sees every worker's reports, and learns the total from the workers' collection.
 """
 
@@ -25,10 +26,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from conformance.protocol.outcomes import BAD, OUTCOMES, outcome_of
-from conformance.report.writer import family_of
-
+from conformance.report import coverage
+from conformance.report.writer import PARAMS_PROPERTY, family_of
 
 
 def _console() -> Console:
@@ -49,6 +51,8 @@ class RunProgress:
         self.total = 0
         self.cells: dict[str, str] = {}  # nodeid -> outcome so far, until its teardown
         self.done: Counter[tuple[str, str]] = Counter()  # (family, outcome) of finished cells
+        self.impl_done: Counter[tuple[str, str, str]] = Counter()  # (impl, family, outcome)
+        self.impls: dict[str, str] = {}  # nodeid -> implementation, until its teardown
         self.started = time.monotonic()
         self._last_line = (0, self.started)
         self._live: Live | None = None  # started with the first finished cell
@@ -79,9 +83,14 @@ class RunProgress:
         if (outcome is not None and not (report.when == "teardown" and outcome == "skipped")
                 and self.cells.get(report.nodeid) in (None, "passed")):
             self.cells[report.nodeid] = outcome
+        impl = (dict(report.user_properties).get(PARAMS_PROPERTY) or {}).get("impl")
+        if impl:
+            self.impls[report.nodeid] = impl
         if report.when in ("setup", "call"):
             return  # a cell is done with its teardown (or a crash report: when == "???")
-        self.done[(family_of(report.nodeid), self.cells.pop(report.nodeid, "error"))] += 1
+        family, outcome = family_of(report.nodeid), self.cells.pop(report.nodeid, "error")
+        self.done[(family, outcome)] += 1
+        self.impl_done[(self.impls.pop(report.nodeid, "-"), family, outcome)] += 1
         self._show()
 
     def pytest_sessionfinish(self, session):
@@ -150,9 +159,35 @@ class RunProgress:
         table.add_row("all", *map(str, totals), str(sum(totals)))
         return table
 
+    def coverage(self) -> dict[str, dict[str, dict]]:
+        return coverage.by_impl({"impl": impl, "family": family, "outcome": outcome}
+                                for (impl, family, outcome), n in self.impl_done.items() for _ in range(n))
+
+    def coverage_table(self) -> Table:
+        table = Table(title="coverage = reached a verdict / collected; conformance = passed / reached")
+        for name in ("impl", "layer", "collected", "reached", "passed", "coverage", "conformance"):
+            table.add_column(name, justify="left" if name in ("impl", "layer") else "right")
+        for impl, layers in self.coverage().items():
+            for layer, t in layers.items():
+                if layer == coverage.ALL and len(layers) == 2:
+                    continue  # one layer: its row is the total
+                low = t["coverage"] is not None and t["coverage"] < 50
+                table.add_row(Text(impl), layer, str(t["collected"]), str(t["reached"]), str(t["passed"]),
+                              Text(coverage.show(t["coverage"]), style="red" if low else ""),
+                              coverage.show(t["conformance"]))
+            table.add_section()
+        return table
+
     def print_summary(self) -> None:
         self.console.print(self.summary_table())
+        self.console.print(self.coverage_table())
 
-    def exit_code(self, pytest_code: int) -> int:
-        """pytest's code, except that a run with a failed or errored cell is never 0."""
-        return int(pytest_code) if pytest_code != 0 else int(self.failed)
+    def exit_code(self, pytest_code: int, min_coverage: float = 0.0) -> int:
+        """pytest's code, except that a run with a failed or errored cell, or an implementation whose
+        coverage is below `min_coverage` percent, is never 0 (a line on stderr names it)."""
+        thin = coverage.below(self.coverage(), min_coverage) if min_coverage > 0 else []
+        for line in thin:
+            print(line, file=sys.stderr)
+        if pytest_code != 0:
+            return int(pytest_code)
+        return int(self.failed or bool(thin))

@@ -1,71 +1,38 @@
 """`shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html]`: the cross-implementation matrix.
 
-Reads JSON reports (validated against conformance/report/schema.json), merges them (one per
+Reads JSON reports (conformance.report.reading: validated, version 1 upgraded), merges them (one per
 implementation, or one run with several; a later report's cell replaces an earlier one's), and
-renders one table of check families x implementations with the failing cells below it:
-Markdown (stdout by default, fit for a CI job summary) and a self-contained HTML page (inline CSS,
-a bar chart of pass rates embedded as a base64 PNG).
+renders, as Markdown (stdout by default, fit for a CI job summary) and a self-contained HTML page
+(conformance.report.page):
 
-Conformance = passed / cells that ran: unsupported and skipped cells are left out, an xfailed
-(known) failure counts as not passed.
+- one row per implementation x layer (behaviour, api; a variant such as `torch-fsdp1[flat]` is an
+  implementation of its own) with coverage beside conformance, so a run that reached few cells does
+  not look green;
+- the families x implementations table;
+- the known failures (xfailed cells) grouped by finding, with reason and reproduction;
+- the failing cells.
+
+Coverage = cells that reached a verdict / cells collected; conformance = passed / reached (an
+xfailed, known failure counts as not passed): conformance.report.coverage.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-import json
 from collections import Counter, defaultdict
-from functools import cache
 from pathlib import Path
 
-import jsonschema
-
 from conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
+from conformance.report import coverage
 from conformance.report.cells import strip_impl
+from conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
 
-SCHEMA = Path(__file__).with_name("schema.json")
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "ReportError", "load", "validate", "markdown", "main"]
 NOT_RUN = NOT_REACHED                     # left out of the conformance percentage
 FAILING = BAD                             # listed as failing cells
 ORDER = OUTCOMES
-NOTE = ("Conformance = passed / cells that ran (unsupported and skipped cells left out; "
-        "an xfailed, known failure counts as not passed).")
-
-
-class ReportError(Exception):
-    """A report that cannot be read: the message is one line naming the file."""
-
-
-@cache
-def _validator():
-    schema = json.loads(SCHEMA.read_text())
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-
-
-def validate(report) -> str | None:
-    """The first schema violation as one line (`$.cells[3].outcome: 'x' is not one of ...`), or None."""
-    if isinstance(report, dict) and report.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        return f"schema version {report['schema_version']!r}; this shardcheck reads version {SCHEMA_VERSION}"
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(report))
-    if error is None:
-        return None
-    message = " ".join(error.message.split())
-    return f"{error.json_path}: {message[:200] + '...' if len(message) > 200 else message}"
-
-
-def load(path: str | Path) -> dict:
-    try:
-        report = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: not JSON: {exc}") from None
-    problem = validate(report)
-    if problem:
-        raise ReportError(f"{path}: not a shardcheck report: {problem}")
-    return report
+FOLD = 5                                  # longer lists of a finding's cells are folded (<details>)
+NOTE = ("Coverage = cells that reached a verdict / cells collected (unsupported and skipped cells did not "
+        "reach one). Conformance = passed / reached (an xfailed, known failure counts as not passed).")
 
 
 def cell_id(report: dict, cell: dict) -> str:
@@ -123,16 +90,51 @@ def tabulate(cells: dict[tuple[str, str], dict]):
 
 
 def rate(counter: Counter) -> float | None:
+    """Conformance of a family x implementation cell of the table: passed / reached, in percent."""
     ran = sum(n for outcome, n in counter.items() if outcome not in NOT_RUN)
     return 100.0 * counter["passed"] / ran if ran else None
 
 
-def _describe(counter: Counter) -> str:
+def describe(counter: Counter) -> str:
     return ", ".join(f"{counter[o]} {o}" for o in ORDER if counter[o])
 
 
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}%"
+def rows(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, dict, Counter]]:
+    """(implementation column, layer, coverage.tally, outcome counts): a row per layer an
+    implementation has cells in, then its "all" row when it has more than one layer."""
+    outcomes: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    flat = []
+    for (column, _), cell in cells.items():
+        layer = cell.get("layer") or coverage.layer_of(cell["family"])
+        flat.append({"impl": column, "family": cell["family"], "layer": layer, "outcome": cell["outcome"]})
+        outcomes[column, layer][cell["outcome"]] += 1
+        outcomes[column, coverage.ALL][cell["outcome"]] += 1
+    out = []
+    for column, layers in coverage.by_impl(flat).items():
+        for layer, tally in layers.items():
+            if layer != coverage.ALL or len(layers) > 2:
+                out.append((column, layer, tally, outcomes[column, layer]))
+    return out
+
+
+def known(cells: dict[tuple[str, str], dict]) -> list[dict]:
+    """The xfailed cells grouped by finding (or, without one, by reason): [{finding, reason, repro,
+    cells: [(column, cell id)]}], findings in number order first."""
+    groups: dict[str, dict] = {}
+    for (column, cid), cell in cells.items():
+        if cell["outcome"] != "xfailed":
+            continue
+        exp = cell.get("expectation") or {"reason": first_line(cell["message"]) or "xfail marker", "repro": ""}
+        key = exp.get("finding") or exp["reason"]
+        group = groups.setdefault(key, {"finding": exp.get("finding"), "reason": exp["reason"],
+                                        "repro": exp.get("repro", ""), "cells": []})
+        group["cells"].append((column, cid))
+
+    def order(group):
+        finding = group["finding"] or ""
+        digits = "".join(ch for ch in finding if ch.isdigit())
+        return (not finding, int(digits) if digits else 0, finding, group["reason"])
+    return sorted(groups.values(), key=order)
 
 
 def failing(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, str]]:
@@ -140,7 +142,7 @@ def failing(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, str]]:
             for (column, cid), cell in cells.items() if cell["outcome"] in FAILING]
 
 
-def _header(reports: list[dict]) -> list[str]:
+def header(reports: list[dict]) -> list[str]:
     torches = sorted({r["target"]["torch"] for r in reports})
     backends = sorted({_backends(r) for r in reports})
     lines = [f"{len(reports)} report(s) · torch {', '.join(torches)} · backend {', '.join(backends)}"]
@@ -151,108 +153,63 @@ def _header(reports: list[dict]) -> list[str]:
 
 
 def _md(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    return f"`{text.replace('`', chr(39))}`"
+
+
+def _ratio(tally: dict, what: str, part: str, whole: str) -> str:
+    return f"{coverage.show(tally[what])} ({tally[part]}/{tally[whole]})"
 
 
 def markdown(reports: list[dict]) -> str:
     cells = merge(reports)
     families, columns, counts = tabulate(cells)
-    out = ["## shardcheck conformance matrix", "", *(f"{line}  " for line in _header(reports)), "",
-           "| family | " + " | ".join(_md(c) for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    out = ["## shardcheck conformance matrix", "", *(f"{line}  " for line in header(reports)), "",
+           "| implementation | layer | coverage | conformance | outcomes |", "|---|---|---|---|---|"]
+    for column, layer, tally, outcomes in rows(cells):
+        name = f"**{layer}**" if layer == coverage.ALL else layer
+        out.append(f"| {_md(column)} | {name} | **{_ratio(tally, 'coverage', 'reached', 'collected')}** | "
+                   f"{_ratio(tally, 'conformance', 'passed', 'reached')} | {describe(outcomes)} |")
+    out += ["", NOTE, "", "### By family", "",
+            "| family | " + " | ".join(_md(c) for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for family in families:
-        row = [f"**{_percent(rate(counts[family, c]))}** {_describe(counts[family, c])}".rstrip()
+        row = [f"**{coverage.show(rate(counts[family, c]))}** {describe(counts[family, c])}".rstrip()
                if counts[family, c] else "–" for c in columns]
         out.append(f"| {'**all**' if family == 'all' else _md(family)} | " + " | ".join(row) + " |")
-    out += ["", NOTE, ""]
+    groups = known(cells)
+    out += ["", f"### Known failures ({sum(len(g['cells']) for g in groups)} cells, {len(groups)} findings)"]
+    for g in groups:
+        impls = sorted({column for column, _ in g["cells"]})
+        out += ["", f"#### {_md(g['finding'] or 'no finding id')} · {_md(', '.join(impls))} · "
+                    f"{len(g['cells'])} cell(s)", "", _md(g["reason"]), ""]
+        if g["repro"]:
+            out += [f"Reproduction: {_code(g['repro'])}", ""]
+        items = [f"- {_md(column)} {_code(cid)}" for column, cid in g["cells"]]
+        out += items if len(items) <= FOLD else [f"<details><summary>{len(items)} cells</summary>", "",
+                                                 *items, "", "</details>"]
+    if not groups:
+        out += ["", "None."]
     fails = failing(cells)
-    out.append(f"### Failing cells ({len(fails)})")
+    out += ["", f"### Failing cells ({len(fails)})"]
     if fails:
         out += ["", "| impl | cell | message |", "|---|---|---|"]
-        out += [f"| {_md(col)} | `{cid.replace('`', chr(39))}` | {_md(msg)} |" for col, cid, msg in fails]
+        out += [f"| {_md(col)} | {_code(cid)} | {_md(msg)} |" for col, cid, msg in fails]
     else:
         out += ["", "None."]
     return "\n".join(out) + "\n"
 
 
-def chart_png(families: list[str], columns: list[str], counts) -> bytes:
-    """A grouped bar chart: pass rate per family (x) per implementation (one bar each)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(max(6.0, 1.2 + len(families) * (0.5 + 0.45 * len(columns))), 3.8), dpi=100)
-    ax = fig.subplots()
-    width = 0.8 / max(1, len(columns))
-    for i, column in enumerate(columns):
-        xs = [f + (i - (len(columns) - 1) / 2) * width for f in range(len(families))]
-        rates = [rate(counts[family, column]) for family in families]
-        bars = ax.bar(xs, [r or 0.0 for r in rates], width, label=column)
-        ax.bar_label(bars, labels=["n/a" if r is None else f"{r:.0f}" for r in rates], fontsize=7, padding=1)
-    ax.set_xticks(range(len(families)), families)
-    ax.set_ylim(0, 112)
-    ax.set_ylabel("conformance (% passed)")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncols=min(4, len(columns)), frameon=False)
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
-
-
-CSS = """
-body{font-family:system-ui,sans-serif;margin:2rem;color:#222}h1{font-size:1.4rem}h2{font-size:1.1rem}
-table{border-collapse:collapse;margin:1rem 0}th,td{border:1px solid #ccc;padding:.35rem .6rem;text-align:left;
-vertical-align:top;font-size:.9rem}th{background:#f3f3f3}td.rate b{font-size:1rem}.full{background:#e3f6e3}
-.part{background:#fff4d6}.low{background:#fbe0e0}.na{color:#888}tr.all td{border-top:2px solid #888}
-code{font-size:.85rem}.note{color:#555;font-size:.85rem}.warn{color:#a00}img{max-width:100%}
-"""
-
-
-def _css_class(value: float | None) -> str:
-    return "na" if value is None else "full" if value == 100 else "part" if value >= 50 else "low"
-
-
-def html_page(reports: list[dict]) -> str:
-    cells = merge(reports)
-    families, columns, counts = tabulate(cells)
-    e = html.escape
-    head = "".join(f"<th>{e(c)}</th>" for c in columns)
-    rows = []
-    for family in families:
-        tds = []
-        for c in columns:
-            value = rate(counts[family, c])
-            body = f"<b>{_percent(value)}</b><br>{e(_describe(counts[family, c]))}" if counts[family, c] else "–"
-            tds.append(f'<td class="rate {_css_class(value)}">{body}</td>')
-        rows.append(f'<tr class="{"all" if family == "all" else ""}"><th>{e(family)}</th>{"".join(tds)}</tr>')
-    png = base64.b64encode(chart_png(families[:-1] or families, columns, counts)).decode()
-    fails = failing(cells)
-    fail_rows = "".join(f"<tr><td>{e(col)}</td><td><code>{e(cid)}</code></td><td>{e(msg)}</td></tr>"
-                        for col, cid, msg in fails)
-    failing_table = ('<table class="failing"><thead><tr><th>impl</th><th>cell</th><th>message</th></tr></thead>'
-                     f"<tbody>{fail_rows}</tbody></table>" if fails else "<p>None.</p>")
-    header = "".join(f'<p class="{"warn" if line.startswith("WARNING") else "note"}">{e(line)}</p>'
-                     for line in _header(reports))
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>shardcheck conformance matrix</title>
-<style>{CSS}</style></head><body>
-<h1>shardcheck conformance matrix</h1>{header}
-<table class="matrix"><thead><tr><th>family</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>
-<p class="note">{e(NOTE)}</p>
-<img alt="pass rate per family per implementation" src="data:image/png;base64,{png}">
-<h2>Failing cells ({len(fails)})</h2>
-{failing_table}
-</body></html>
-"""
-
-
 def main(args) -> int:
     """The `shardcheck matrix` subcommand (args: reports, markdown, html)."""
+    from conformance.report import page  # matplotlib: only for the HTML page
+
     reports = [load(path) for path in args.reports]
     if not args.markdown and not args.html:
         print(markdown(reports), end="")
-    for path, render in ((args.markdown, markdown), (args.html, html_page)):
+    for path, render in ((args.markdown, markdown), (args.html, page.html_page)):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(render(reports))

@@ -8,11 +8,18 @@ line when the session ends. `assemble(jsonl)` rebuilds the report from the lines
 
 Under pytest-xdist the controller writes the report: the workers' reports are replayed on it, so
 everything a cell needs travels in `report.user_properties` (JSON-able values only).
+
+The writer holds an exclusive lock (fcntl.flock) on the JSON-lines file for the whole session: a
+second run given the same report path stops with a usage error before any cell runs, instead of
+mixing its cells into the first run's stream. A report path that is a directory or cannot be
+written is a usage error too. A cell's `message` keeps at most MESSAGE_LIMIT characters.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import io
 import json
 import math
 import os
@@ -25,8 +32,10 @@ import pytest
 import torch
 
 from conformance.protocol.outcomes import outcome_of
+from conformance.report import coverage
+from conformance.report.reading import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
+MESSAGE_LIMIT = 64 * 1024  # characters of a cell's message kept in the report (head and tail)
 PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
 SUITE_VERSION = "0.1.0"
 RECORDED_ENV = ("SHARDCHECK_BACKEND", "SHARDCHECK_IMPL", "SHARDCHECK_LAUNCH", "CUDA_VISIBLE_DEVICES",
@@ -51,6 +60,15 @@ def _jsonable(value):
     return getattr(value, "name", None) or str(value)
 
 
+def _largest(values) -> float | None:
+    """The largest measured error over every rank's comparisons; NaN wins (max() would drop a NaN
+    that is not first); None when nothing was compared."""
+    values = [float(v) for v in values if v is not None]
+    if not values:
+        return None
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
 def family_of(nodeid: str) -> str:
     """`conformance/checks/test_clip_grad_dtensor.py::...` -> `clip_grad`."""
     from conformance.checks import family_of_file
@@ -58,26 +76,115 @@ def family_of(nodeid: str) -> str:
     return family_of_file(Path(nodeid.split("::")[0]).stem)
 
 
+def bounded(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` if it fits in `limit` characters, else its head and tail around a marker."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {{}} characters cut by shardcheck ...]\n"
+    keep = limit - len(marker.format(len(text)))
+    head = keep * 3 // 4
+    return text[:head] + marker.format(len(text) - keep) + text[len(text) - (keep - head):]
+
+
 def _message(report, outcome: str) -> str:
-    """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise."""
+    """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise; bounded."""
     if outcome in ("skipped", "unsupported") and isinstance(report.longrepr, tuple):
-        return str(report.longrepr[2]).removeprefix("Skipped: ")
-    return report.longreprtext if outcome in ("failed", "error", "xfailed") else ""
+        return bounded(str(report.longrepr[2]).removeprefix("Skipped: "))
+    return bounded(report.longreprtext) if outcome in ("failed", "error", "xfailed") else ""
+
+
+class StreamError(ValueError):
+    """A JSON-lines file that holds no report (empty, no header, not UTF-8): one line."""
+
+
+def stream_path(path: Path) -> Path:
+    """Where the cells of the report at `path` stream: `r.json` -> `r.jsonl`."""
+    return path.with_name(path.name + "l")
+
+
+def unwritable(path: Path, stream: bool = True) -> str | None:
+    """Why the report cannot be written at `path` (one line), or None. Creates its folder; opens both
+    files for appending (and removes those it created): permission bits do not stop root. A stream
+    another live run holds (lock_stream) is refused too; `stream=False`: the report alone."""
+    paths = (path, stream_path(path)) if stream else (path,)
+    for p in paths:
+        if p.is_dir():
+            return f"{p} is a directory"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for p in paths:
+            existed = p.exists()
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the close
+            except BlockingIOError:
+                return f"{p}: another shardcheck run is writing this report; give this run another path"
+            finally:
+                os.close(fd)
+            if not existed:
+                p.unlink()
+    except (FileExistsError, NotADirectoryError):  # a file where a folder should be
+        return f"{next(p for p in reversed(path.parents) if p.is_file())}: not a directory"
+    except OSError as exc:
+        return f"{exc.filename or path}: {exc.strerror}"
+    return None
+
+
+_LOCKED: set[int] = set()  # fds of the streams this process holds locked
+
+
+def _unlock_in_child() -> None:
+    """A forked child (a rank, a pool worker) closes its copies of the locked fds: the lock stays
+    with the run's process alone, and dies with it even when ranks outlive it."""
+    for fd in _LOCKED:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCKED.clear()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
+
+
+def lock_stream(lines: Path):
+    """The JSON-lines file opened for writing under an exclusive lock (fcntl.flock), emptied;
+    StreamError when another live run holds it. Close the returned file to release the lock."""
+    fd = os.open(lines, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StreamError(f"{lines}: another shardcheck run is writing this report; "
+                          "give this run another -o/--shardcheck-report path") from None
+    os.ftruncate(fd, 0)
+    _LOCKED.add(fd)
+    return _LockedStream(fd)
+
+
+class _LockedStream(io.TextIOWrapper):
+    def __init__(self, fd: int):
+        super().__init__(io.FileIO(fd, "a"), line_buffering=True)
+        self._fd = fd
+
+    def close(self) -> None:
+        _LOCKED.discard(self._fd)
+        super().close()
 
 
 class ReportWriter:
     def __init__(self, config, path: Path):
         self.config, self.path = config, path
-        self.lines = path.with_suffix(path.suffix + "l")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.lines = stream_path(path)
+        self.stream = lock_stream(self.lines)  # held until the session ends
         self.started = dt.datetime.now(dt.timezone.utc)
 
     def pytest_sessionstart(self, session):  # every plugin is configured by now
-        self.lines.write_text(json.dumps({"kind": "header", **self.header()}) + "\n")
+        self._append({"kind": "header", **self.header()})
 
     def _append(self, entry: dict) -> None:
-        with self.lines.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
+        self.stream.write(json.dumps(entry) + "\n")
+        self.stream.flush()
 
     def header(self) -> dict:
         impls = getattr(self.config, "_shardcheck_impls", {})
@@ -102,14 +209,14 @@ class ReportWriter:
                   if isinstance(e, dict) and "max_abs" in e]
         cell = {
             "kind": "cell", "nodeid": report.nodeid, "phase": report.when, "outcome": outcome,
-            "family": family_of(report.nodeid),
+            "family": family_of(report.nodeid), "layer": coverage.layer_of(family_of(report.nodeid)),
             "check": report.nodeid.split("::")[-1].split("[")[0],
             "impl": params.pop("impl", None), "world_size": params.get("world_size"),
             "params": params, "duration_s": round(report.duration, 4),
             "message": _message(report, outcome),
             "rank_outcomes": _jsonable(props.get("rank_outcomes", {})),
-            "max_abs_err": max((e["max_abs"] for e in errors), default=None),
-            "max_rel_err": max((e["max_rel"] for e in errors), default=None),
+            "max_abs_err": _jsonable(_largest(e["max_abs"] for e in errors)),
+            "max_rel_err": _jsonable(_largest(e["max_rel"] for e in errors)),
             "tolerances": sorted({(e["rtol"], e["atol"]) for e in errors if e["rtol"] is not None}),
             "expectation": _jsonable(props.get("expectation")),
         }
@@ -119,7 +226,10 @@ class ReportWriter:
         stopped = bool(session.shouldstop or session.shouldfail) or exitstatus not in (0, 1, 5)  # -x, ^C
         self._append({"kind": "footer", "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
                       "exit_status": int(exitstatus), "interrupted": stopped})
-        write(assemble(self.lines), self.path)
+        try:
+            write(assemble(self.lines), self.path)
+        finally:
+            self.stream.close()  # releases the lock
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -138,12 +248,19 @@ def assemble(lines: Path) -> dict:
     """The report from a JSON-lines file; `complete` only when the session wrote its footer, was not
     stopped early (-x, Ctrl-C) and no line was cut short. A killed run's `finished` is the time of
     its last line, its `exit_status` null."""
-    header, footer, cells, torn = {}, None, {}, False
-    for line in lines.read_text().splitlines():
+    header, footer, cells, torn = None, None, {}, False
+    try:
+        text = lines.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise StreamError(f"{lines}: not a shardcheck stream: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    for line in text.splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             torn = True  # a line cut short by a crash
+            continue
+        if not isinstance(entry, dict):
+            torn = True
             continue
         kind = entry.pop("kind", None)
         if kind == "header":
@@ -151,20 +268,24 @@ def assemble(lines: Path) -> dict:
         elif kind == "footer":
             footer = entry
         elif kind == "cell":
+            entry.setdefault("layer", coverage.layer_of(entry.get("family", "")))  # a version 1 stream
             prev = cells.get(entry["nodeid"])
             if prev is None or prev["outcome"] == "passed":  # a teardown error overrides a pass
                 cells[entry["nodeid"]] = entry
+    if header is None:
+        raise StreamError(f"{lines}: not a shardcheck stream: "
+                          + ("empty" if not text.strip() else "no header line (a run writes one first)"))
     if footer:
         finished = dt.datetime.fromisoformat(footer["finished"])
     else:
         finished = dt.datetime.fromtimestamp(lines.stat().st_mtime, dt.timezone.utc)
     started = dt.datetime.fromisoformat(header.get("started", finished.isoformat()))
-    summary: dict = {"by_outcome": {}, "by_family": {}}
+    summary: dict = {"by_outcome": {}, "by_family": {}, "by_impl": coverage.by_impl(cells.values())}
     for cell in cells.values():
         summary["by_outcome"][cell["outcome"]] = summary["by_outcome"].get(cell["outcome"], 0) + 1
         fam = summary["by_family"].setdefault(cell["family"], {})
         fam[cell["outcome"]] = fam.get(cell["outcome"], 0) + 1
-    return {**header, "finished": finished.isoformat(), "duration_s": (finished - started).total_seconds(),
+    return {**header, "schema_version": SCHEMA_VERSION, "finished": finished.isoformat(), "duration_s": (finished - started).total_seconds(),
             "complete": footer is not None and not footer.get("interrupted") and not torn,
             "exit_status": footer["exit_status"] if footer else None,
             "summary": summary, "cells": list(cells.values())}
@@ -204,4 +325,11 @@ def pytest_configure(config):
     path = config.getoption("shardcheck_report")
     launch = detect()
     if path and not hasattr(config, "workerinput") and (launch is None or launch.rank == 0):
-        config.pluginmanager.register(ReportWriter(config, Path(path)), "shardcheck-report-writer")
+        problem = unwritable(Path(path))
+        if problem:
+            raise pytest.UsageError(f"--shardcheck-report: cannot write the report: {problem}")
+        try:
+            writer = ReportWriter(config, Path(path))
+        except (StreamError, OSError) as exc:
+            raise pytest.UsageError(f"--shardcheck-report: {exc}") from None
+        config.pluginmanager.register(writer, "shardcheck-report-writer")

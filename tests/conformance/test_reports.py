@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from conformance.cli import main as cli
-from conformance.report import diff, matrix
+from conformance.report import coverage, diff, matrix, reading
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_schema_is_draft_2020_12_and_versioned():
     schema = json.loads(matrix.SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["properties"]["schema_version"] == {"const": 1}
+    assert schema["properties"]["schema_version"] == {"const": 2}
 
 
 def test_a_real_report_validates(real_report):
@@ -109,10 +109,23 @@ def test_a_mutated_report_fails_validation(real_report, mutate, where):
 
 
 def test_another_schema_version_is_one_clear_line(tmp_path, capsys):
-    path = _write(tmp_path, "v2.json", {**_report([]), "schema_version": 2})
+    path = _write(tmp_path, "v3.json", {**_report([]), "schema_version": 3})
     assert cli.main(["matrix", path]) == 2
     err = capsys.readouterr().err
-    assert err == f"shardcheck: {path}: not a shardcheck report: schema version 2; this shardcheck reads version 1\n"
+    assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 3; this shardcheck reads "
+                   "versions 1, 2\n")
+
+
+def test_a_version_1_report_is_read_as_version_2(real_report):
+    v1 = _report([_cell("a", "test_x", "passed"), _cell("a", "test_y", "unsupported", family="train_parity")])
+    report = reading.upgrade(v1)
+    assert report["schema_version"] == 2 and v1["schema_version"] == 1  # a copy
+    assert [c["layer"] for c in report["cells"]] == ["api", "behaviour"]
+    assert report["summary"]["by_impl"]["a"]["behaviour"] == {"collected": 1, "reached": 0, "passed": 0,
+                                                             "coverage": 0.0, "conformance": None}
+    assert matrix.validate(report) is None and matrix.validate(v1) is None
+    assert real_report["schema_version"] == 2 and {c["layer"] for c in real_report["cells"]} == {"api"}
+    assert real_report["summary"]["by_impl"]["reference"]["api"]["coverage"] == 100.0
 
 
 def test_unreadable_or_invalid_input_is_one_clear_line(tmp_path, capsys):
@@ -152,6 +165,9 @@ def test_matrix_markdown_on_stdout(tmp_path, capsys):
     assert cli.main(["matrix", *_two_runs(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| family | reference | torch-fsdp2 |" in out
+    assert "| reference | api | **100.0% (5/5)** | 100.0% (5/5) | 5 passed |" in out
+    assert ("| torch-fsdp2 | api | **66.7% (4/6)** | 25.0% (1/4) | 1 passed, 1 failed, 1 error, 1 xfailed, "
+            "1 unsupported, 1 skipped |") in out
     assert ("| clip_grad | **100.0%** 4 passed | **50.0%** 1 passed, 1 xfailed, 1 unsupported, 1 skipped |"
             in out)
     assert "| **all** | **100.0%** 5 passed | **25.0%** 1 passed, 1 failed, 1 error, 1 xfailed," in out
@@ -200,7 +216,7 @@ def test_matrix_html_is_self_contained_with_table_and_chart(tmp_path):
     assert cli.main(["matrix", *_two_runs(tmp_path), "--html", str(out)]) == 0
     page = _Page()
     page.feed(out.read_text())
-    assert page.tags.count("table") == 2 and "style" in page.tags  # matrix + failing cells, inline CSS
+    assert page.tags.count("table") == 3 and "style" in page.tags  # impls, families, failing; inline CSS
     assert "link" not in page.tags and "script" not in page.tags  # nothing fetched
     [img] = page.images
     assert img["src"].startswith("data:image/png;base64,")
@@ -266,3 +282,55 @@ def test_diff_exits_0_without_regression(tmp_path, capsys):
     assert cli.main(["diff", old, new]) == 0
     assert capsys.readouterr().out.rstrip().endswith("0 regressed, 1 fixed, 0 changed, 1 appeared, 1 vanished")
     assert cli.main(["diff", old, old]) == 0
+
+
+# ---- coverage and known failures ----------------------------------------------------------------
+
+def _thin_and_known(tmp_path):
+    """ddp reached 6 of 354 cells (all passed); fsdp2 has two findings' xfails and a behaviour layer."""
+    ddp = [_cell("ddp", f"test_t{i}", "passed", family="train_parity") for i in range(6)]
+    ddp += [_cell("ddp", f"test_c{i}", "unsupported") for i in range(348)]
+    fsdp = [_cell("torch-fsdp2", "test_t0", "passed", family="train_parity")]
+    for i, (finding, repro) in enumerate([("F9", "conformance/expectations/repros/a.py"),
+                                          ("F9", "conformance/expectations/repros/a.py"),
+                                          ("F10", "conformance/expectations/repros/b.py")]):
+        cell = _cell("torch-fsdp2", f"test_k{i}", "xfailed", message="E   known")
+        cell["expectation"] = {"reason": f"why {finding}", "repro": repro, "finding": finding}
+        fsdp.append(cell)
+    flat = [_cell("torch-fsdp1[flat]", "test_c0", "passed")]
+    return _write(tmp_path, "thin.json", _report(ddp + fsdp + flat))
+
+
+def test_matrix_rows_are_implementation_x_layer_with_coverage_beside_conformance(tmp_path, capsys):
+    assert cli.main(["matrix", _thin_and_known(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| ddp | behaviour | **100.0% (6/6)** | 100.0% (6/6) | 6 passed |" in out
+    assert "| ddp | api | **0.0% (0/348)** | n/a (0/0) | 348 unsupported |" in out
+    assert "| ddp | **all** | **1.7% (6/354)** | 100.0% (6/6) |" in out  # thin: not green
+    assert "| torch-fsdp1[flat] | api | **100.0% (1/1)** |" in out  # a variant is its own row
+    assert "| torch-fsdp2 | api | **100.0% (3/3)** | 0.0% (0/3) | 3 xfailed |" in out
+
+
+def test_known_failures_are_grouped_by_finding_with_reason_and_reproduction(tmp_path, capsys):
+    path = _thin_and_known(tmp_path)
+    assert cli.main(["matrix", path]) == 0
+    out = capsys.readouterr().out
+    assert "### Known failures (3 cells, 2 findings)" in out
+    f9, f10 = out.index("#### F9 · torch-fsdp2 · 2 cell(s)"), out.index("#### F10 · torch-fsdp2 · 1 cell(s)")
+    assert f9 < f10  # in number order
+    assert "why F9" in out[f9:f10] and "Reproduction: `conformance/expectations/repros/a.py`" in out[f9:f10]
+    assert "- torch-fsdp2 `test_clip_grad.py::test_k1[ws2-FULL_SHARD]`" in out[f9:f10]
+    page = tmp_path / "m.html"
+    assert cli.main(["matrix", path, "--html", str(page)]) == 0
+    text = page.read_text()
+    assert "<h3>F10 · torch-fsdp2 · 1 cell(s)</h3><p>why F10</p>" in text
+    assert "<b>1.7%</b> (6/354)" in text
+
+
+def test_report_without_reports_of_its_layer_is_other():
+    cells = [{"impl": "x", "family": "selftest", "outcome": "skipped"}]
+    assert coverage.by_impl(cells) == {"x": {
+        "other": {"collected": 1, "reached": 0, "passed": 0, "coverage": 0.0, "conformance": None},
+        "all": {"collected": 1, "reached": 0, "passed": 0, "coverage": 0.0, "conformance": None}}}
+    assert coverage.below(coverage.by_impl(cells), 50) == [
+        "shardcheck: x: coverage 0.0% (0 of 1 cells reached a verdict) is below --min-coverage 50%"]

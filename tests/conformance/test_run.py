@@ -92,8 +92,16 @@ def test_killed_run_is_assembled_from_its_stream(tmp_path):
 
 
 def test_assemble_tells_a_finished_stream_from_a_torn_or_stopped_one(tmp_path, capsys):
-    header = {"kind": "header", "schema_version": 1, "started": "2026-01-01T00:00:00+00:00"}
-    cell = {"kind": "cell", "nodeid": "t.py::c", "outcome": "passed", "family": "t"}
+    header = {"kind": "header", "schema_version": 2, "started": "2026-01-01T00:00:00+00:00",
+              "suite": {"name": "shardcheck", "version": "0.1.0", "git_revision": None},
+              "implementations": [],
+              "target": {"backends": ["gloo"], "device_type": "cpu", "device_model": "x86_64",
+                         "world_sizes": "all", "torch": "2.13.0", "cuda": None, "nccl": None,
+                         "python": "3.11.7", "platform": "Linux", "env": {}}}
+    cell = {"kind": "cell", "nodeid": "t.py::c", "phase": "call", "outcome": "passed", "family": "t",
+            "layer": "other", "check": "c", "impl": None, "world_size": None, "params": {}, "duration_s": 0.1,
+            "message": "", "rank_outcomes": {}, "max_abs_err": None, "max_rel_err": None, "tolerances": [],
+            "expectation": None}
     footer = {"kind": "footer", "finished": "2026-01-01T00:00:10+00:00", "exit_status": 0,
               "interrupted": False}
     stream = tmp_path / "s.jsonl"

@@ -38,13 +38,16 @@ def _local(t):
 def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = None) -> None:
     """Assert `actual` matches `expected` (tensors, or dicts/lists of them; None must match None)
     within the tolerance of `dtype` (default: the expected tensors' dtype), and record
-    {what, max_abs, max_rel, rtol, atol} with `ctx.record("error", ...)`."""
+    {what, max_abs, max_rel, rtol, atol} with `ctx.record("error", ...)`, also when it fails. The
+    failure message states the largest absolute and relative errors and where they are."""
     actual, expected = _flat(actual), _flat(expected)
-    assert actual.keys() == expected.keys(), f"{what}: names differ: {sorted(set(actual) ^ set(expected))}"
-    max_abs = max_rel = 0.0
-    rtol = atol = None
     failures = []
-    for key in expected:
+    if actual.keys() != expected.keys():
+        failures.append(f"names differ: {sorted(map(str, set(actual) ^ set(expected)))}")
+    max_abs = max_rel = 0.0
+    worst_abs = worst_rel = None
+    rtol = atol = None
+    for key in (k for k in expected if k in actual):
         a, e = _local(actual[key]), _local(expected[key])
         if e is None or a is None:
             if (e is None) != (a is None):
@@ -57,13 +60,23 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
             continue
         diff = (a64 - e64).abs()
         if diff.numel():
-            max_abs = _worse(max_abs, diff.max().item())
-            max_rel = _worse(max_rel, (diff / e64.abs().clamp_min(1e-12)).max().item())
+            abs_err, rel_err = diff.max().item(), (diff / e64.abs().clamp_min(1e-12)).max().item()
+            if worst_abs is None or _worse(max_abs, abs_err) is abs_err:  # _worse returns one of the two
+                max_abs, worst_abs = _worse(max_abs, abs_err), key
+            if worst_rel is None or _worse(max_rel, rel_err) is rel_err:
+                max_rel, worst_rel = _worse(max_rel, rel_err), key
         try:
             torch.testing.assert_close(a64, e64, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False)
         except AssertionError as exc:
-            failures.append(f"{key}: {str(exc).splitlines()[0]} ({str(exc).splitlines()[2].strip()})")
+            lines = str(exc).splitlines()
+            failures.append(f"{key}: {lines[0]}" + (f" ({lines[2].strip()})" if len(lines) > 2 else ""))
     ctx.record("error", {"what": what, "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol, "atol": atol})
     if failures:
-        raise AssertionError(f"{what}: {len(failures)} mismatch(es) beyond rtol={rtol} atol={atol}:\n  "
-                             + "\n  ".join(failures[:10]))
+        raise AssertionError(
+            f"{what}: {len(failures)} mismatch(es) beyond rtol={rtol} atol={atol}; max abs error {max_abs:.3g}"
+            f" (at {_name(worst_abs)}), max rel error {max_rel:.3g} (at {_name(worst_rel)}):\n  "
+            + "\n  ".join(failures[:10]))
+
+
+def _name(key) -> str:
+    return "-" if key is None else repr(key) if key != "" else "the value"

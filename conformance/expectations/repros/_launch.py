@@ -1,0 +1,63 @@
+"""What every reproduction in this folder shares: start N gloo ranks (fork, FileStore in a temp dir),
+run `body(rank, world_size)` on each, collect what each rank did, and end with the verdict.
+
+    results = run(body, world_size=2)          # {rank: "returned: ..." | "raised Type: msg" | "hung"}
+    verdict(all("Cannot access" in r for r in results.values()), "what the finding says", results)
+
+`verdict` prints every rank's result and `REPRODUCED: ...` (exit 0) or `NOT REPRODUCED: ...` (exit 1:
+torch changed; revisit the finding and its manifest entry).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+import tempfile
+import time
+import warnings
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank, body, world_size, folder, timeout_s):
+    warnings.simplefilter("ignore")
+    store = dist.FileStore(os.path.join(folder, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=dt.timedelta(seconds=timeout_s))
+    try:
+        result = f"returned: {body(rank, world_size)}"
+    except Exception as exc:  # the failure under study
+        result = f"raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+        f.write(result)
+    dist.destroy_process_group()
+
+
+def run(body, world_size: int = 2, timeout_s: float = 30.0) -> dict[int, str]:
+    """Each rank's result; "hung" for a rank still running after `timeout_s`."""
+    with tempfile.TemporaryDirectory() as folder:
+        ctx = mp.start_processes(_rank, args=(body, world_size, folder, timeout_s), nprocs=world_size,
+                                 join=False, start_method="fork")
+        deadline = time.monotonic() + timeout_s + 5  # past the gloo timeout: a blocked rank raises first
+        try:
+            while not ctx.join(timeout=0.5) and time.monotonic() < deadline:
+                pass
+        except mp.ProcessRaisedException:
+            pass
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        results = {}
+        for rank in range(world_size):
+            path = os.path.join(folder, f"rank{rank}")
+            results[rank] = open(path).read() if os.path.exists(path) else "hung"
+        return results
+
+
+def verdict(reproduced: bool, finding: str, results: dict[int, str]) -> None:
+    for rank, result in sorted(results.items()):
+        print(f"rank {rank}: {result}")
+    print(f"{'REPRODUCED' if reproduced else 'NOT REPRODUCED'}: {finding}")
+    sys.exit(0 if reproduced else 1)

@@ -1,0 +1,119 @@
+"""The matrix as a self-contained HTML page (inline CSS; the chart an inline base64 PNG): the same
+content as conformance.report.matrix.markdown, with a chart of coverage beside conformance per
+implementation x layer, so a thin run cannot look green."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+from conformance.report import coverage
+from conformance.report.matrix import FOLD, NOTE, describe, failing, header, known, merge, rate, rows, tabulate
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2rem;color:#222}h1{font-size:1.4rem}h2{font-size:1.1rem}
+h3{font-size:1rem;margin-bottom:.2rem}table{border-collapse:collapse;margin:1rem 0}th,td{border:1px solid #ccc;
+padding:.35rem .6rem;text-align:left;vertical-align:top;font-size:.9rem}th{background:#f3f3f3}td.rate b{font-size:1rem}
+.full{background:#e3f6e3}.part{background:#fff4d6}.low{background:#fbe0e0}.na{color:#888}tr.all td,tr.all th{
+border-top:2px solid #888}code{font-size:.85rem}.note{color:#555;font-size:.85rem}.warn{color:#a00}img{max-width:100%}
+.finding{margin:1rem 0 1.5rem}.finding ul{margin:.3rem 0;font-size:.85rem}
+"""
+
+
+def _css_class(value: float | None) -> str:
+    return "na" if value is None else "full" if value == 100 else "part" if value >= 50 else "low"
+
+
+def chart_png(table_rows) -> bytes:
+    """Horizontal bars, two per implementation x layer: coverage (light) and conformance (dark)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    labels = [f"{column} · {layer}" for column, layer, _, _ in table_rows]
+    fig = Figure(figsize=(8.0, 1.0 + 0.55 * max(1, len(labels))), dpi=100)
+    ax = fig.subplots()
+    ys = range(len(labels))
+    for offset, key, color in ((-0.2, "coverage", "#9ecae1"), (0.2, "conformance", "#3182bd")):
+        values = [tally[key] for _, _, tally, _ in table_rows]
+        bars = ax.barh([y + offset for y in ys], [v or 0.0 for v in values], 0.38, label=key, color=color)
+        ax.bar_label(bars, labels=[coverage.show(v) for v in values], fontsize=7, padding=2)
+    ax.set_yticks(list(ys), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 112)
+    ax.set_xlabel("% (coverage = reached / collected; conformance = passed / reached)")
+    ax.legend(fontsize=8, loc="lower right", frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _fold(body: str, n: int) -> str:
+    return body if n <= FOLD else f"<details><summary>{n} cells</summary>{body}</details>"
+
+
+def _known_html(groups: list[dict]) -> str:
+    e = html.escape
+    if not groups:
+        return "<p>None.</p>"
+    parts = []
+    for g in groups:
+        impls = ", ".join(sorted({column for column, _ in g["cells"]}))
+        items = "".join(f"<li>{e(column)} <code>{e(cid)}</code></li>" for column, cid in g["cells"])
+        repro = f"<p>Reproduction: <code>{e(g['repro'])}</code></p>" if g["repro"] else ""
+        parts.append(f'<div class="finding"><h3>{e(g["finding"] or "no finding id")} · {e(impls)} · '
+                     f'{len(g["cells"])} cell(s)</h3><p>{e(g["reason"])}</p>{repro}{_fold(f"<ul>{items}</ul>", len(g["cells"]))}</div>')
+    return "".join(parts)
+
+
+def html_page(reports: list[dict]) -> str:
+    cells = merge(reports)
+    families, columns, counts = tabulate(cells)
+    table_rows = rows(cells)
+    e = html.escape
+    impl_rows = []
+    for column, layer, tally, outcomes in table_rows:
+        cov, conf = tally["coverage"], tally["conformance"]
+        impl_rows.append(
+            f'<tr class="{"all" if layer == coverage.ALL else ""}"><th>{e(column)}</th><td>{e(layer)}</td>'
+            f'<td class="rate {_css_class(cov)}"><b>{coverage.show(cov)}</b> ({tally["reached"]}/{tally["collected"]})</td>'
+            f'<td class="rate {_css_class(conf)}"><b>{coverage.show(conf)}</b> ({tally["passed"]}/{tally["reached"]})</td>'
+            f"<td>{e(describe(outcomes))}</td></tr>")
+    head = "".join(f"<th>{e(c)}</th>" for c in columns)
+    family_rows = []
+    for family in families:
+        tds = []
+        for c in columns:
+            value = rate(counts[family, c])
+            body = f"<b>{coverage.show(value)}</b><br>{e(describe(counts[family, c]))}" if counts[family, c] else "–"
+            tds.append(f'<td class="rate {_css_class(value)}">{body}</td>')
+        family_rows.append(f'<tr class="{"all" if family == "all" else ""}"><th>{e(family)}</th>{"".join(tds)}</tr>')
+    png = base64.b64encode(chart_png(table_rows)).decode()
+    groups = known(cells)
+    fails = failing(cells)
+    fail_rows = "".join(f"<tr><td>{e(col)}</td><td><code>{e(cid)}</code></td><td>{e(msg)}</td></tr>"
+                        for col, cid, msg in fails)
+    failing_table = ('<table class="failing"><thead><tr><th>impl</th><th>cell</th><th>message</th></tr></thead>'
+                     f"<tbody>{fail_rows}</tbody></table>" if fails else "<p>None.</p>")
+    top = "".join(f'<p class="{"warn" if line.startswith("WARNING") else "note"}">{e(line)}</p>'
+                  for line in header(reports))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>shardcheck conformance matrix</title>
+<style>{CSS}</style></head><body>
+<h1>shardcheck conformance matrix</h1>{top}
+<table class="impls"><thead><tr><th>implementation</th><th>layer</th><th>coverage</th><th>conformance</th>
+<th>outcomes</th></tr></thead><tbody>{"".join(impl_rows)}</tbody></table>
+<p class="note">{e(NOTE)}</p>
+<img alt="coverage and conformance per implementation and layer" src="data:image/png;base64,{png}">
+<h2>By family</h2>
+<table class="matrix"><thead><tr><th>family</th>{head}</tr></thead><tbody>{"".join(family_rows)}</tbody></table>
+<h2>Known failures ({sum(len(g["cells"]) for g in groups)} cells, {len(groups)} findings)</h2>
+{_known_html(groups)}
+<h2>Failing cells ({len(fails)})</h2>
+{failing_table}
+</body></html>
+"""

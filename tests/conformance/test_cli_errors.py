@@ -1,0 +1,149 @@
+"""`shardcheck run` and `shardcheck report assemble` on bad input: one line on stderr, a non-zero exit,
+nothing run, no false "report written", no invalid report; two runs never share a report file; a
+cell's message is bounded; a thin run fails under --min-coverage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main as cli
+from conformance.report import reading
+from conformance.report import writer as reporting
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDCHECK = [sys.executable, "-m", "conformance.cli"]
+ONE_CELL = ("--family", "comm_hooks", "--world-sizes", "2", "-k", "default_communication_hook_behavior and NO_SHARD")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SHARDCHECK, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def _one_line_error(proc, *words) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr and "INTERNALERROR" not in proc.stdout, proc.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert "report written" not in proc.stdout and "passed" not in proc.stdout  # no cell ran
+    return lines[0]
+
+
+def test_output_that_is_a_directory_is_one_line_before_any_cell(tmp_path, capsys):
+    assert cli.main(["run", *ONE_CELL, "-o", str(tmp_path)]) == 2  # returns before pytest starts
+    captured = capsys.readouterr()
+    assert captured.err == f"shardcheck: -o/--output: cannot write the report: {tmp_path} is a directory\n"
+    assert "report written" not in captured.out
+
+
+def test_unwritable_output_is_one_line_before_any_cell(tmp_path):
+    (tmp_path / "file").write_text("")
+    _one_line_error(_run("run", *ONE_CELL, "-o", str(tmp_path / "file" / "r.json")), "-o/--output",
+                    "not a directory")
+    assert reporting.unwritable(tmp_path / "file" / "r.json") == f"{tmp_path / 'file'}: not a directory"
+    assert reporting.unwritable(tmp_path / "ok" / "r.json") is None
+    assert list((tmp_path / "ok").iterdir()) == []  # the probe leaves nothing behind
+
+
+def test_a_report_another_live_run_writes_is_refused(tmp_path):
+    out = tmp_path / "r.json"
+    held = reporting.lock_stream(reporting.stream_path(out))  # what a live run's writer holds
+    try:
+        _one_line_error(_run("run", *ONE_CELL, "-o", str(out)), "another shardcheck run is writing")
+        with pytest.raises(reporting.StreamError, match="another shardcheck run"):
+            reporting.lock_stream(reporting.stream_path(out))
+    finally:
+        held.close()
+    reporting.lock_stream(reporting.stream_path(out)).close()  # free again once the run ended
+
+
+def test_default_report_names_carry_the_process_id(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").write_text("")  # a file where reports/ should be: stops before pytest
+    assert cli.main(["run", *ONE_CELL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardcheck: -o/--output: cannot write the report: reports: not a directory")
+    monkeypatch.setattr(reporting, "unwritable", lambda path: str(path))  # report the name it chose
+    assert cli.main(["run", *ONE_CELL]) == 2
+    name = capsys.readouterr().err.strip().rsplit("/", 1)[1]
+    stamp, pid = name.removeprefix("reference-gloo-").removesuffix(".json").rsplit("-", 1)
+    assert pid == str(__import__("os").getpid()) and len(stamp) == len("20260101-000000")
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--impl", ""), ("argument --impl", "empty implementation name")),
+    (("--impl", "  "), ("argument --impl", "empty implementation name")),
+    (("--world-sizes", "abc"), ("argument --world-sizes", "'abc' is not a comma-separated list")),
+    (("--world-sizes", "2,0"), ("argument --world-sizes",)),
+    (("--min-coverage", "120"), ("argument --min-coverage", "percentage")),
+], ids=["empty-impl", "blank-impl", "world-sizes-abc", "world-size-0", "coverage-over-100"])
+def test_bad_option_values_are_usage_errors_naming_the_option(args, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--family", "comm_hooks", *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(w in err.splitlines()[-1] for w in words), err
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "not a shardcheck stream: empty"),
+    (b'{"kind": "cell", "nodeid": "t.py::c", "outcome": "passed", "family": "t"}\n', "no header line"),
+    (b"\xff\xfe\x00garbage\n", "not UTF-8"),
+    (b'{"kind": "header", "schema_version": 1}\n', "cannot make a valid report: $: 'suite' is a required"),
+], ids=["empty", "header-less", "not-utf8", "header-fails-schema"])
+def test_assemble_of_a_stream_without_a_report_is_one_line_and_writes_nothing(tmp_path, capsys, content, words):
+    stream = tmp_path / "s.jsonl"
+    stream.write_bytes(content)
+    assert cli.main(["report", "assemble", str(stream)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and err.startswith(f"shardcheck: {stream}: "), err
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_a_huge_message_is_bounded_head_and_tail():
+    text = "HEAD" + "x" * 200_000 + "TAIL"
+    out = reporting.bounded(text)
+    assert len(out) <= reporting.MESSAGE_LIMIT and out.startswith("HEAD") and out.endswith("TAIL")
+    assert f"characters cut by shardcheck" in out
+    assert reporting.bounded("short") == "short"
+
+
+def test_a_thin_run_fails_under_min_coverage(tmp_path):
+    out = tmp_path / "t.json"
+    proc = _run("run", *ONE_CELL, "--impl", "ddp", "--impl", "reference", "--min-coverage", "50", "-o", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "shardcheck: ddp: coverage 0.0% (0 of 1 cells reached a verdict) is below --min-coverage 50%")
+    assert "reference" not in proc.stderr
+    assert "ddp" in proc.stdout and "0.0%" in proc.stdout  # the coverage table
+    report = json.loads(out.read_text())
+    assert reading.validate(report) is None
+    assert report["summary"]["by_impl"]["ddp"]["api"]["coverage"] == 0.0
+    assert report["summary"]["by_impl"]["reference"]["all"]["conformance"] == 100.0
+
+
+def test_the_lock_dies_with_the_run_even_when_a_forked_rank_lives_on(tmp_path):
+    code = f"""
+import os, time
+from pathlib import Path
+from conformance.report import writer
+stream = writer.lock_stream(Path({str(tmp_path / 'r.jsonl')!r}))
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+Path({str(tmp_path / 'pid')!r}).write_text(str(child))
+os._exit(0)
+"""
+    subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=60, check=True)
+    rank = int((tmp_path / "pid").read_text())
+    try:
+        reporting.lock_stream(tmp_path / "r.jsonl").close()  # free: the rank does not hold it
+    finally:
+        __import__("os").kill(rank, 9)
