@@ -55,6 +55,13 @@ def pytest_plugin_registered(plugin, manager):
         xdist_support.teach_gpus(_parser[0])
 
 
+def _size(text: str) -> int:
+    if not text.strip().isdigit():
+        raise backends.HarnessUsageError(f"--world-sizes: {text.strip()!r} is not a positive integer "
+                                         f"(give a comma-separated list, e.g. 2,4)")
+    return int(text)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"{MARKER}(world_size=2, backend=None, timeout=None): run the test body on "
@@ -63,9 +70,8 @@ def pytest_configure(config):
         config._shardcheck_backends = [backends.check_backend(b.strip())
                                        for b in config.getoption("backend").split(",")]
         sizes = config.getoption("world_sizes")
-        config._shardcheck_sizes = (
-            {backends.check_world_size(int(s)) for s in sizes.split(",")} if sizes else None)
-    except (backends.HarnessUsageError, ValueError) as exc:
+        config._shardcheck_sizes = {backends.check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
+    except backends.HarnessUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._shardcheck_launch_env = detect()
     config._shardcheck_main_pid = os.getpid()

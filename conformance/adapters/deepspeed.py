@@ -42,7 +42,7 @@ def _deepspeed():
 
 
 def _release(engine) -> None:
-    """engine.destroy(), then what it leaves holding every ZeRO-3 engine alive (FINDINGS D2)."""
+    """engine.destroy(), then what it leaves holding every ZeRO-3 engine alive (FINDINGS F14)."""
     from deepspeed.runtime.zero import parameter_offload
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
 
@@ -119,5 +119,5 @@ class DeepSpeedAdapter:
         if recipe.loss_scale is not None:
             raise Unsupported("DeepSpeed scales the loss only in fp16 mode, not over float32 compute")
         if spec.mixed_precision and spec.mixed_precision.param_dtype == torch.float16:
-            raise Unsupported("fp16 mode not declared (its master weights behave as bf16's, finding D1)")
+            raise Unsupported("fp16 mode not declared (its master weights behave as bf16's, finding F13)")
         return DeepSpeedTrainer(_deepspeed(), model, spec, recipe)

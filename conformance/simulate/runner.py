@@ -8,7 +8,9 @@ import time
 
 import torch
 
-from conformance.report.writer import SCHEMA_VERSION, SUITE_VERSION
+from conformance.report.writer import SUITE_VERSION
+
+SCHEMA_VERSION = 1  # of the simulate report (its own format, not the conformance report's)
 
 from . import verdicts
 from .expected import expected_row, units_of
