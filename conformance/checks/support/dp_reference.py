@@ -10,6 +10,9 @@ GradScaler, the optimizer). Under mixed precision (param_dtype p, reduce_dtype q
 of FSDP's MixedPrecision: forward and backward run on a copy of the float32 master parameters cast
 to p (floating inputs too), gradients are cast to q, averaged in q, and cast to float32 for the
 master step.
+
+It is written apart from protocol/torch_style.py on purpose, although the step reads alike: torch-style
+candidates run that one, and a bug shared by the yardstick and the candidate would never show.
 """
 
 from __future__ import annotations
