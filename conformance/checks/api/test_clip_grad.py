@@ -19,6 +19,7 @@ import torch.nn as nn
 from conformance.checks.support import models as M
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
+from conformance.protocol.capabilities import of_strategy
 from conformance.checks.support.clip import INF, LR, _assert_clipped, _avg_grads, _copy, _grads, _local, _norm, _record_warnings, _spec
 from harness import distributed
 
@@ -58,7 +59,7 @@ def test_non_root(ctx, impl):
 
 
 @distributed(world_size=[2, 4])
-@pytest.mark.requires.with_args(lambda params: {params["strategy"].lower(), "nested_units"})
+@pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"]), "nested_units"})
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
 @pytest.mark.parametrize("norm_type", [1.0, 2.0, INF])
 def test_below_max_norm_leaves_grads_unchanged(ctx, impl, norm_type, strategy):
@@ -89,8 +90,10 @@ LARGE_FACTOR = 100
 
 def _ddp_parity_requires(params):
     needed = {"nested_units"}
-    needed |= {"FULL_SHARD": {"full_shard"}, "NO_SHARD": {"no_shard"},
-               "mixed_strategy": {"mixed_strategy", "full_shard", "no_shard"}}[params["strategy"]]
+    if params["strategy"] == "mixed_strategy":  # encoder NO_SHARD, decoder and root FULL_SHARD
+        needed |= {"mixed_strategy", of_strategy("FULL_SHARD"), of_strategy("NO_SHARD")}
+    else:
+        needed.add(of_strategy(params["strategy"]))
     if params["offload"]:
         needed.add("cpu_offload")
     return needed
@@ -174,7 +177,7 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
 
 def _low_precision_requires(params):
     needed = {"nested_units", "mixed_precision", "keep_low_precision_grads",
-              {"FULL_SHARD": "full_shard", "NO_SHARD": "no_shard"}[params["strategy"]]}
+              of_strategy(params["strategy"])}
     return needed
 
 

@@ -24,16 +24,16 @@ import torch.nn as nn
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.comm_hooks import plant_comm_hook
 from conformance.checks.support.compare import assert_close
+from conformance.protocol.capabilities import of_strategy
 from conformance.checks.support.models import Net, resolve_units
 from harness import distributed
 
 STRATEGIES = ["NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"]
-STRATEGY_CAPS = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "no_shard"}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _caps(params) -> set[str]:
-    caps = {"comm_hooks", STRATEGY_CAPS[params["strategy"]]}
+    caps = {"comm_hooks", of_strategy(params["strategy"])}
     if params.get("has_wrapping", False):
         caps.add("nested_units")
     if "dtype" in params:

@@ -22,13 +22,13 @@ import torch
 
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
+from conformance.protocol.capabilities import of_strategy
 from conformance.checks.support.grad_scaler import (
     _average_grads_, _local, _named_with_grad, _set_nonuniform_req_grad, _state_dict_round_trip, _without_key_bias,
 )
 from conformance.checks.support.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
 from harness import distributed
 
-STRATEGY_CAPS = {"FULL_SHARD": "full_shard", "SHARD_GRAD_OP": "shard_grad_op", "NO_SHARD": "no_shard"}
 
 
 def _unit_paths(model) -> tuple[str, ...]:
@@ -155,7 +155,7 @@ def _parity_id(cfg):
 
 
 def _parity_caps(params):
-    caps = {"sharded_grad_scaler", "nested_units", STRATEGY_CAPS[params["strategy"]]}
+    caps = {"sharded_grad_scaler", "nested_units", of_strategy(params["strategy"])}
     if params["offload"]:
         caps.add("cpu_offload")
     if params["mp"]:
