@@ -35,7 +35,6 @@ class ShardSpec:
     unit_strategies: dict[str, str] = field(default_factory=dict)
     mixed_precision: MixedPrecision | None = None
     offload: bool = False
-    reshard_after_forward: bool = True
     mesh: Any = None  # a DeviceMesh
 
     def __post_init__(self) -> None:

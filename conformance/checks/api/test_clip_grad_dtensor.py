@@ -78,7 +78,7 @@ def _build_000(ctx, impl, layout: str):
         model = M.MLPStack(16, with_seq_parallel=True)
     ref_model = copy.deepcopy(model)
     _apply_tp(impl, model, tp_mesh)
-    model = impl.shard(model, _spec(model, mesh=dp_mesh, reshard_after_forward=True))
+    model = impl.shard(model, _spec(model, mesh=dp_mesh))  # FULL_SHARD: reshard after forward
     # TP ranks need the same input; dp ranks get their own.
     with ctx.seeded(1000 + dp_mesh.get_local_rank()):
         inp = torch.randn(2, 16)

@@ -166,7 +166,7 @@ def test_train_parity(ctx, impl, reshard_after_forward, signature):
     ref = _to_two_tensor(copy.deepcopy(plain), TwoTensor).to(ctx.device)
     model = _to_two_tensor(plain, cls).to(ctx.device)
     spec = ShardSpec(strategy="FULL_SHARD" if reshard_after_forward else "SHARD_GRAD_OP", units=(MLP,),
-                     reshard_after_forward=reshard_after_forward, mesh=ctx.mesh())
+                     mesh=ctx.mesh())
     _train_parity(ctx, impl, ref, model, spec, 10, calls)
 
 
@@ -222,7 +222,7 @@ def test_meta_init_end_to_end(ctx, impl, reshard_after_forward, signature):
     model = _to_two_tensor(_mlp_stack(meta=True), cls)
     assert all(p.device == torch.device("meta") for p in model.parameters())
     spec = ShardSpec(strategy="FULL_SHARD" if reshard_after_forward else "SHARD_GRAD_OP", units=(MLP,),
-                     reshard_after_forward=reshard_after_forward, mesh=ctx.mesh(),
+                     mesh=ctx.mesh(),
                      mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
     model = impl.shard(model, spec)
     model.to_empty(device=ctx.device)
