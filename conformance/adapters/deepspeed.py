@@ -1,18 +1,16 @@
 """DeepSpeed ZeRO behind the behaviour protocol (optional: `pip install -e '.[deepspeed]'`, see README).
 
-The engine owns the step: `deepspeed.initialize` wraps the model and a client torch optimizer built
-from the recipe; `engine.backward` reduces gradients into the optimizer's partitions (`p.grad` stays
-None), `engine.step` clips by the configured global L2 norm and updates. Strategies map to the
-nearest ZeRO stage: FULL_SHARD -> 3, SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only the optimizer state
-sharded; parameters and gradients replicated), HYBRID_SHARD -> 3 with hpZ (parameters gathered
-within groups of the mesh's shard size). Honest limits: L2 clipping only (`gradient_clipping`);
-dynamic loss scaling exists only in its fp16 mode, never over float32 compute; fp16 only where the
-CPU has mkldnn fp16.
+The engine owns the step: it wraps the model and a client torch optimizer built from the recipe,
+`engine.backward` reduces gradients into optimizer partitions (`p.grad` stays None), `engine.step`
+clips by the global L2 norm and updates. Strategies map to the nearest ZeRO stage: FULL_SHARD -> 3,
+SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only optimizer state sharded), HYBRID_SHARD -> 3 with hpZ
+(parameters gathered within the mesh's shard groups). Not declared: norm types other than 2 (its
+`gradient_clipping` is L2 only), loss scaling (only in its fp16 mode, never over float32 compute),
+fp16 (its master weights come from the cast model, FINDINGS F13).
 """
 
 from __future__ import annotations
 
-import gc
 import importlib.metadata
 import importlib.util
 import os
@@ -20,6 +18,7 @@ import os
 import pytest
 import torch
 
+from conformance.adapters import deepspeed_runtime
 from conformance.protocol import StepResult, Unsupported
 
 STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 3}
@@ -27,41 +26,11 @@ if importlib.util.find_spec("deepspeed") is None:
     raise ImportError("deepspeed is not installed: see the README (pip install -e '.[deepspeed]')")
 
 
-def _deepspeed():
-    """Import DeepSpeed on the CPU accelerator, without JIT-building its shared-memory comm op."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-    import deepspeed.ops
-    # deepspeed/comm/torch.py builds the op (30-100 s of C++) unless marked incompatible; only
-    # inference_all_reduce uses it, never training.
-    if deepspeed.ops.__compatible_ops__.get("deepspeed_shm_comm", True):
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        gc.collect()
-        gc.freeze()  # ZeRO-3 init runs gc.collect() (zero/utils.defragment): 0.5 s per engine, 80 ms frozen
-    return deepspeed
-
-
-def _release(engine) -> None:
-    """engine.destroy(), then what it leaves holding every ZeRO-3 engine alive (FINDINGS F14)."""
-    from deepspeed.runtime.zero import parameter_offload
-    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
-
-    module = engine.module
-    engine.destroy()
-    parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if m is not module]
-    cached = PartitionedParameterCoordinator.__dict__["_PartitionedParameterCoordinator__params_to_release"]
-    for cell in cached.__closure__ or ():
-        if hasattr(cell.cell_contents, "cache_clear"):
-            cell.cell_contents.cache_clear()
-
-
 class DeepSpeedTrainer:
     def __init__(self, ds, model, spec, recipe):
-        self.recipe, self.clip = recipe, recipe.clip
-        world = spec.mesh.size()
-        mp = spec.mixed_precision
+        self.recipe, self.clip, mp = recipe, recipe.clip, spec.mixed_precision
         config = {
-            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": world,
+            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": spec.mesh.size(),
             "gradient_clipping": float(self.clip.max_norm) if self.clip else 0.0,  # its default is 1.0
             "zero_allow_untested_optimizer": True,  # a client torch optimizer (SGD is "untested")
             "zero_optimization": {"stage": STAGES[spec.strategy]},
@@ -73,7 +42,7 @@ class DeepSpeedTrainer:
         if config["bf16"]["enabled"]:  # reduce_dtype float32: accumulate and communicate in float32
             config.update(communication_data_type="fp32", data_types={"grad_accum_dtype": "fp32"})
         self.engine, *_ = ds.initialize(model=model, optimizer=recipe.optimizer.build(model.parameters()),
-                                        config=config, mpu=None)
+                                        config=config)
         if config["bf16"]["enabled"]:  # a bf16 engine does not cast its inputs: cast them as FSDP does
             self.engine.module.register_forward_pre_hook(lambda _, args: tuple(
                 a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
@@ -101,23 +70,18 @@ class DeepSpeedTrainer:
                 for n, p in self.engine.module.named_parameters()}
 
     def close(self):
-        _release(self.engine)
+        deepspeed_runtime.release(self.engine)
 
 
 class DeepSpeedAdapter:
     name = "deepspeed"
+    version = importlib.metadata.version("deepspeed")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
                               "mixed_precision_bf16"})
-
-    version = importlib.metadata.version("deepspeed")
 
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:
             pytest.skip("DeepSpeed needs one process per rank with LOCAL_RANK set (not thread mode)")
-        if spec.units and spec.unit_strategies or len(spec.strategies) > 1:
+        if len(spec.strategies) > 1:
             raise Unsupported("one ZeRO stage per engine: no per-unit strategies")
-        if recipe.loss_scale is not None:
-            raise Unsupported("DeepSpeed scales the loss only in fp16 mode, not over float32 compute")
-        if spec.mixed_precision and spec.mixed_precision.param_dtype == torch.float16:
-            raise Unsupported("fp16 mode not declared (its master weights behave as bf16's, finding F13)")
-        return DeepSpeedTrainer(_deepspeed(), model, spec, recipe)
+        return DeepSpeedTrainer(deepspeed_runtime.load(), model, spec, recipe)
