@@ -1,9 +1,8 @@
 """torch DistributedDataParallel: the unsharded baseline behind the adapter protocol.
 
 Every strategy is NO_SHARD in effect, so only "no_shard" is declared; parameters and (already
-all-reduced, averaged) gradients are whole on every rank. No mixed precision: DDP's only one is the
-private, experimental `_MixedPrecision`, which on CPU raises "cpu backend doesn't support events"
-in its forward (torch 2.13), so those cells are unsupported.
+all-reduced, averaged) gradients are whole on every rank. Mixed precision is DDP's own (private,
+experimental) `_MixedPrecision`; on CPU its forward needs device events (FINDINGS F16).
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel.distributed import _MixedPrecision
 
 from conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
@@ -20,14 +20,17 @@ _PREFIX = "module."
 class DDPAdapter(TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
-    capabilities = TorchStyleAdapter.implied({"no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"})
+    capabilities = TorchStyleAdapter.implied({"no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
+        "mixed_precision_bf16", "mixed_precision_fp16"}
 
     def shard(self, model: nn.Module, spec: ShardSpec):
-        if spec.strategies != {"NO_SHARD"} or spec.mixed_precision or spec.offload:
-            raise Unsupported("DDP only replicates (NO_SHARD, no mixed precision, no offload)")
+        mp = spec.mixed_precision
+        if spec.strategies != {"NO_SHARD"} or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
+            raise Unsupported("DDP only replicates (NO_SHARD; no offload, buffer dtype or low-precision grads)")
+        kwargs = {"mixed_precision": _MixedPrecision(mp.param_dtype, mp.reduce_dtype or mp.param_dtype)} if mp else {}
         group = spec.mesh.get_group() if spec.mesh is not None else None
         device_ids = [spec.device] if spec.device.type == "cuda" else None
-        return DDP(model, device_ids=device_ids, process_group=group)
+        return DDP(model, device_ids=device_ids, process_group=group, **kwargs)
 
     def full_params(self, model):
         return {n.removeprefix(_PREFIX): p.detach().clone() for n, p in model.named_parameters()}
