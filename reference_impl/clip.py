@@ -16,7 +16,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .sharding import _unit_of, units
+from .sharding import unit_of, units
 
 
 @torch.no_grad()
@@ -26,7 +26,7 @@ def clip_grad_norm_(module: torch.nn.Module, max_norm: float, norm_type: float =
     The norm is computed in float32 and returned in the gradients' (promoted) dtype; a rank with no
     gradients warns and returns it in float32 (it still joins the all-reduce).
     """
-    root = _unit_of(module)
+    root = unit_of(module)
     if root is None or not root.is_root:
         raise RuntimeError("clip_grad_norm_() should only be called on the root sharded module")
     norm_type = float(norm_type)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import predivide_factor
-from .sharding import ShardingStrategy, _unit_of, units
+from .sharding import ShardingStrategy, unit_of, units
 
 
 class DefaultState:
@@ -93,7 +93,7 @@ def bf16_compress_hook(state: LowPrecisionState, grad: torch.Tensor, output: Opt
 def register_comm_hook(module: torch.nn.Module, state: object, hook) -> None:
     """Use ``hook(state, grad[, output])`` for the gradients of the root ``module`` and all of its
     sub-units (once; it cannot be replaced)."""
-    unit = _unit_of(module)
+    unit = unit_of(module)
     if unit is None or not unit.is_root:
         raise AssertionError("register_comm_hook can only be called on a root instance.")
     all_units = units(module)

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import collectives as C
 from .extensions import ExtensionParam, has_extension
-from .topology import ShardingStrategy, _compute_device, _groups
+from .topology import ShardingStrategy, compute_device, groups_of
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
 
 
@@ -253,7 +253,7 @@ def _unpack(x):
 
 # -- forward hooks ----------------------------------------------------------------------------
 def _pre_forward(module: nn.Module, args, kwargs):
-    unit = _unit_of(module)
+    unit = unit_of(module)
     unit.adopt_module_params()
     if unit.mp is not None:
         args, kwargs = cast_floating((args, kwargs), unit.mp.param_dtype)
@@ -271,7 +271,7 @@ def _pre_forward(module: nn.Module, args, kwargs):
 
 
 def _post_forward(module: nn.Module, args, output):
-    unit = _unit_of(module)
+    unit = unit_of(module)
     unit.restore_shards()
     if unit._saved_hooks is not None:
         unit._saved_hooks.__exit__(None, None, None)
@@ -282,14 +282,14 @@ def _post_forward(module: nn.Module, args, output):
 
 
 # -- public -----------------------------------------------------------------------------------
-def _unit_of(module: nn.Module) -> Optional[Unit]:
+def unit_of(module: nn.Module) -> Optional[Unit]:
     return module.__dict__.get("_sharded_unit")
 
 
 def units(module: nn.Module, adopt: bool = True) -> list[Unit]:
     """All units in ``module``'s tree, root first (module order).  Outside forward, ``adopt``
     first re-reads the shards from the modules (see :meth:`Unit.adopt_module_params`)."""
-    found = [u for m in module.modules() if (u := _unit_of(m)) is not None]
+    found = [u for m in module.modules() if (u := unit_of(m)) is not None]
     if adopt:
         for u in found:
             u.adopt_module_params()
@@ -308,7 +308,7 @@ def _owned_modules(module: nn.Module):
     """``module`` and its descendants, not descending into already-sharded sub-units."""
     yield module
     for child in module.children():
-        if _unit_of(child) is None:
+        if unit_of(child) is None:
             yield from _owned_modules(child)
 
 
@@ -331,11 +331,11 @@ def shard(
     ``offload=True`` keeps shards and their gradients on the CPU and copies shards to the compute
     device (``mesh.device_type``) for each all-gather.
     """
-    if _unit_of(module) is not None:
+    if unit_of(module) is not None:
         raise ValueError("module is already sharded")
-    shard_group, replicate_group, dp_group = _groups(strategy, mesh, process_group)
+    shard_group, replicate_group, dp_group = groups_of(strategy, mesh, process_group)
     owned = list(dict.fromkeys(_owned_modules(module)))
-    sub_units = [u for m in module.modules() if (u := _unit_of(m)) is not None]
+    sub_units = [u for m in module.modules() if (u := unit_of(m)) is not None]
     uses: dict[nn.Parameter, list] = {}
     for m in owned:
         for name, p in m._parameters.items():
@@ -343,7 +343,7 @@ def shard(
                 if any(_was_replaced_by(u, p) for u in sub_units):
                     raise ValueError(f"parameter {name!r} is tied to a parameter of an already-sharded sub-unit; shard their common ancestor only")
                 uses.setdefault(p, []).append((m, name))
-    device = _compute_device(mesh, list(uses))
+    device = compute_device(mesh, list(uses))
     sws, srank = C.group_size(shard_group), C.group_rank(shard_group)
     params = []
     for orig, where in uses.items():

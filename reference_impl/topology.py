@@ -14,7 +14,7 @@ class ShardingStrategy(enum.Enum):
     HYBRID_SHARD = "hybrid_shard"  # FULL_SHARD inside mesh dim 1, replicate across mesh dim 0
 
 
-def _groups(strategy, mesh, process_group):
+def groups_of(strategy, mesh, process_group):
     """(shard_group, replicate_group, dp_group) for a strategy."""
     if strategy is ShardingStrategy.HYBRID_SHARD:
         if mesh is None or mesh.ndim != 2:
@@ -28,7 +28,7 @@ def _groups(strategy, mesh, process_group):
     return group, None, group
 
 
-def _compute_device(mesh, params) -> torch.device:
+def compute_device(mesh, params) -> torch.device:
     if mesh is not None:
         if mesh.device_type == "cuda":
             return torch.device("cuda", torch.cuda.current_device())

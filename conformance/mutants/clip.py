@@ -84,13 +84,13 @@ class ClipNonRootAccepted(MutantAdapter):
     checks = ("test_clip_grad.py::test_non_root",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import _unit_of
+        from reference_impl.sharding import unit_of
 
         ri, clip = _modules()
         original = clip.clip_grad_norm_
 
         def clip_grad_norm_(module, max_norm, norm_type=2.0):
-            unit = _unit_of(module)
+            unit = unit_of(module)
             if unit is None or unit.is_root:
                 return original(module, max_norm, norm_type)
             unit.is_root = True  # the missing check: a sub-unit is treated as a root

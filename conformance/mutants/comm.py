@@ -35,13 +35,13 @@ class CommHookReregister(MutantAdapter):
     checks = ("test_comm_hooks.py::test_default_communication_hook_initialization",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import _unit_of, units
+        from reference_impl.sharding import unit_of, units
 
         ri, hooks = _modules()
         original = hooks.register_comm_hook
 
         def register_comm_hook(module, state, hook):
-            unit = _unit_of(module)
+            unit = unit_of(module)
             if unit is not None and unit.is_root:
                 for u in units(module):
                     u.comm_hook = u.comm_hook_state = None  # the bug: overwrite, don't refuse
@@ -60,13 +60,13 @@ class CommHookNonRootAccepted(MutantAdapter):
     checks = ("test_comm_hooks.py::test_registering_hook_non_root",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import _unit_of
+        from reference_impl.sharding import unit_of
 
         ri, hooks = _modules()
         original = hooks.register_comm_hook
 
         def register_comm_hook(module, state, hook):
-            unit = _unit_of(module)
+            unit = unit_of(module)
             if unit is None or unit.is_root:
                 return original(module, state, hook)
             unit.is_root = True  # the missing check
@@ -88,12 +88,12 @@ class CommHookRootOnlyChecked(MutantAdapter):
     checks = ("test_comm_hooks.py::test_registering_hook_submodules",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import _unit_of, units
+        from reference_impl.sharding import unit_of, units
 
         ri, hooks = _modules()
 
         def register_comm_hook(module, state, hook):
-            unit = _unit_of(module)
+            unit = unit_of(module)
             if unit is None or not unit.is_root:
                 raise AssertionError("register_comm_hook can only be called on a root instance.")
             if unit.comm_hook is not None:  # the bug: only the root is checked
@@ -114,12 +114,12 @@ class CommHookNonAtomic(MutantAdapter):
     checks = ("test_comm_hooks.py::test_refused_registration_leaves_no_hook",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import _unit_of, units
+        from reference_impl.sharding import unit_of, units
 
         ri, hooks = _modules()
 
         def register_comm_hook(module, state, hook):
-            unit = _unit_of(module)
+            unit = unit_of(module)
             if unit is None or not unit.is_root:
                 raise AssertionError("register_comm_hook can only be called on a root instance.")
             for u in units(module):

@@ -20,7 +20,8 @@ from conformance.checks.support import models as M
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
 from conformance.protocol.capabilities import of_strategy
-from conformance.checks.support.clip import INF, LR, _assert_clipped, _avg_grads, _copy, _grads, _local, _norm, _record_warnings, _spec
+from conformance.checks.support.clip import INF, LR, assert_clipped, average_grads_, detached_copies, grads_of, norm_of, record_warnings, shard_spec_of
+from conformance.checks.support.tensors import local_part
 from harness import distributed
 
 FAMILY = "clip_grad"
@@ -69,18 +70,18 @@ def test_below_max_norm_leaves_grads_unchanged(ctx, impl, norm_type, strategy):
         ref_model = M.NestedWrappedModule(deterministic=True)
         model = copy.deepcopy(ref_model)
         inp = ref_model.get_input(ctx.device)
-    model = impl.shard(model, _spec(model, strategy=strategy, mesh=ctx.mesh()))
+    model = impl.shard(model, shard_spec_of(model, strategy=strategy, mesh=ctx.mesh()))
     with ctx.seeded(1 + ctx.rank):
         inp = tuple(x + 0.1 * torch.randn_like(x) for x in inp)
     ref_model(*inp).sum().backward()
-    _avg_grads(ref_model, ctx.group)
+    average_grads_(ref_model, ctx.group)
     model(*inp).sum().backward()
-    before = _copy(impl.full_grads(model))
+    before = detached_copies(impl.full_grads(model))
     ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=1e6, norm_type=norm_type)
     total = impl.clip_grad_norm_(model, 1e6, norm_type)
     assert 0 < ref_total.item() < 1e6
     assert_close(ctx, total, ref_total, "total norm")
-    after = _copy(impl.full_grads(model))
+    after = detached_copies(impl.full_grads(model))
     for name, g in before.items():
         assert g is None or torch.equal(after[name], g), f"{name} changed although the norm is below max_norm"
 
@@ -112,9 +113,9 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
         model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
     common = dict(offload=offload, mesh=ctx.mesh())
     if strategy == "mixed_strategy":
-        spec = _spec(model, "mixed_strategy", **common)
+        spec = shard_spec_of(model, "mixed_strategy", **common)
     else:
-        spec = _spec(model, strategy=strategy, **common)
+        spec = shard_spec_of(model, strategy=strategy, **common)
     model = impl.shard(model, spec)
     ref_optim = torch.optim.Adam(ref_model.parameters(), lr=LR)
     optim = torch.optim.Adam(model.parameters(), lr=LR)
@@ -122,15 +123,15 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
     with ctx.seeded(1):
         inp = ref_model.get_input(ctx.device)
     ref_model.get_loss(inp, ref_model(*inp)).backward()
-    _avg_grads(ref_model, ctx.group)
+    average_grads_(ref_model, ctx.group)
     ref_model.get_loss(inp, model(*inp)).backward()
     # Scale gradients by a large factor so that they are certainly clipped.
     for p in list(ref_model.parameters()) + list(model.parameters()):
         if p.grad is not None:  # None is possible (FSDP1 use_orig_params=True)
             p.grad *= LARGE_FACTOR
-    ref_before = _grads(ref_model)
-    local_before = [None if p.grad is None else _local(p.grad).clone() for p in model.parameters()]
-    full_before = _copy(impl.full_grads(model))
+    ref_before = grads_of(ref_model)
+    local_before = [None if p.grad is None else local_part(p.grad).clone() for p in model.parameters()]
+    full_before = detached_copies(impl.full_grads(model))
     assert_close(ctx, full_before, ref_before, "scaled grads before clip")
 
     ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm, norm_type=norm_type)
@@ -138,20 +139,20 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
     assert ref_total.item() > max_norm, "reference total norm below max_norm: clipping would be vacuous"
     assert_close(ctx, total, ref_total, "total norm")
     # Every gradient was modified by clipping (the seed's check), on both sides.
-    for name, g in _grads(ref_model).items():
+    for name, g in grads_of(ref_model).items():
         assert not torch.equal(g, ref_before[name]), f"reference {name} not clipped"
     for p, before in zip(model.parameters(), local_before):
         if p.grad is None:
             assert before is None, "a gradient appeared during clip_grad_norm_"
         elif before.numel():
-            assert not torch.equal(_local(p.grad), before), "a local gradient was not clipped"
-    full_after = _copy(impl.full_grads(model))
-    assert_close(ctx, full_after, _grads(ref_model), "grads after clip")
-    _assert_clipped(full_before, full_after, max_norm, norm_type, "full")
+            assert not torch.equal(local_part(p.grad), before), "a local gradient was not clipped"
+    full_after = detached_copies(impl.full_grads(model))
+    assert_close(ctx, full_after, grads_of(ref_model), "grads after clip")
+    assert_clipped(full_before, full_after, max_norm, norm_type, "full")
 
     ref_optim.step()
     optim.step()
-    assert_close(ctx, _copy(impl.full_params(model)), dict(ref_model.named_parameters()), "params after step")
+    assert_close(ctx, detached_copies(impl.full_params(model)), dict(ref_model.named_parameters()), "params after step")
 
     # A few more iterations. The seed skips them with offload because GPU and CPU arithmetic drift
     # apart (pytorch#89133); here compute and offload are both on the CPU, so they run in every cell.
@@ -162,7 +163,7 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
         with ctx.seeded(2 + i):
             inp = ref_model.get_input(ctx.device)
         ref_model(*inp).sum().backward()
-        _avg_grads(ref_model, ctx.group)
+        average_grads_(ref_model, ctx.group)
         model(*inp).sum().backward()
         ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm,
                                                    norm_type=norm_type)
@@ -192,13 +193,13 @@ def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy):
         model = M.NestedWrappedModule(ctx.rank, ctx.world_size, deterministic=True)
         inp = model.get_input(ctx.device)  # seeds 1 + rank: different inputs per rank
     mp = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16, keep_low_precision_grads=True)
-    model = impl.shard(model, _spec(model, strategy=strategy, mixed_precision=mp, mesh=ctx.mesh()))
+    model = impl.shard(model, shard_spec_of(model, strategy=strategy, mixed_precision=mp, mesh=ctx.mesh()))
     model(*inp).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads, "no gradients after backward"
     for g in grads:
         assert g.dtype == torch.float16, f"gradient dtype {g.dtype}, expected torch.float16"
-    full_before = _copy(impl.full_grads(model))
+    full_before = detached_copies(impl.full_grads(model))
     # The expected total norm from the full fp16 gradients (in fp32, as a sharded sum would be).
     norms = torch.stack([torch.linalg.vector_norm(g.float(), norm_type) for g in full_before.values()
                          if g is not None])
@@ -212,9 +213,9 @@ def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy):
     # compare with. The full gradients must be clipped too.
     for p in model.parameters():
         if p.grad is not None:
-            norm = _norm(_local(p.grad), norm_type)
+            norm = norm_of(local_part(p.grad), norm_type)
             assert norm <= max_norm, f"local gradient norm {norm} > max_norm {max_norm}"
-    _assert_clipped(full_before, _copy(impl.full_grads(model)), max_norm, norm_type, "full")
+    assert_clipped(full_before, detached_copies(impl.full_grads(model)), max_norm, norm_type, "full")
 
 
 @distributed(world_size=[2, 4])
@@ -229,7 +230,7 @@ def test_no_gradients(ctx, impl):
     model(inp)
     pattern = (f"on rank {ctx.rank} with no gradients -- returning the total norm in the default "
                "dtype torch.float32")
-    with _record_warnings() as log:
+    with record_warnings() as log:
         total = impl.clip_grad_norm_(model, 1, 2.0)
         mine = [w for w in log if issubclass(w.category, UserWarning) and pattern in str(w.message)]
     assert mine, f"no UserWarning matching {pattern!r}"

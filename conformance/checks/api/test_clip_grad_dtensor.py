@@ -16,7 +16,8 @@ import torch
 from conformance.checks.support import models as M
 from conformance.protocol import Unsupported
 from conformance.checks.support.compare import assert_close
-from conformance.checks.support.clip import INF, LR, _all_reduce_count, _assert_clipped, _avg_grads, _copy, _grads, _local, _norm, _spec
+from conformance.checks.support.clip import INF, LR, all_reduce_count, assert_clipped, average_grads_, detached_copies, grads_of, norm_of, shard_spec_of
+from conformance.checks.support.tensors import local_part
 from harness import distributed
 
 FAMILY = "clip_grad"
@@ -66,7 +67,7 @@ def _build_000(ctx, impl, layout: str):
             model = M.Transformer(M.ModelArgs(dropout_p=0.0))
         ref_model = copy.deepcopy(model)
         dp_mesh = ctx.mesh()
-        model = impl.shard(model, _spec(model, mesh=dp_mesh))
+        model = impl.shard(model, shard_spec_of(model, mesh=dp_mesh))
         # The seed feeds the same tokens on every rank; different tokens per rank also exercise the
         # gradient reduction (the reference averages by hand).
         with ctx.seeded(1000 + ctx.rank):
@@ -78,7 +79,7 @@ def _build_000(ctx, impl, layout: str):
         model = M.MLPStack(16, with_seq_parallel=True)
     ref_model = copy.deepcopy(model)
     _apply_tp(impl, model, tp_mesh)
-    model = impl.shard(model, _spec(model, mesh=dp_mesh))  # FULL_SHARD: reshard after forward
+    model = impl.shard(model, shard_spec_of(model, mesh=dp_mesh))  # FULL_SHARD: reshard after forward
     # TP ranks need the same input; dp ranks get their own.
     with ctx.seeded(1000 + dp_mesh.get_local_rank()):
         inp = torch.randn(2, 16)
@@ -103,38 +104,38 @@ def _clip_parity_loop(ctx, impl, layout: str, max_norm: float, norm_type: float,
     for it in range(iters):
         ref_optim.zero_grad()
         make_loss(ref_model(inp)).backward()
-        _avg_grads(ref_model, dp_group or ctx.group)
+        average_grads_(ref_model, dp_group or ctx.group)
         optim.zero_grad()
         make_loss(model(inp)).backward()
 
-        ref_grads = _grads(ref_model)
-        full_grads = _copy(impl.full_grads(model))
-        local_grads = [_local(p.grad).clone() if p.grad is not None else None for p in model.parameters()]
+        ref_grads = grads_of(ref_model)
+        full_grads = detached_copies(impl.full_grads(model))
+        local_grads = [local_part(p.grad).clone() if p.grad is not None else None for p in model.parameters()]
         assert_close(ctx, full_grads, ref_grads, f"it{it} grads before clip")
         # Clipping is not vacuous: some gradient is above max_norm, in the reference and on this rank.
-        assert any(_norm(g, norm_type) > max_norm for g in ref_grads.values() if g is not None), \
+        assert any(norm_of(g, norm_type) > max_norm for g in ref_grads.values() if g is not None), \
             f"it{it}: no reference gradient norm exceeds max_norm {max_norm}; clipping would be vacuous"
-        assert any(_norm(g, norm_type) > max_norm for g in local_grads if g is not None and g.numel()), \
+        assert any(norm_of(g, norm_type) > max_norm for g in local_grads if g is not None and g.numel()), \
             f"it{it}: no local gradient norm exceeds max_norm {max_norm}"
 
         ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm,
                                                    norm_type=norm_type)
         total = impl.clip_grad_norm_(model, max_norm, norm_type)
         assert_close(ctx, total, ref_total, f"it{it} total norm")
-        ctx.assert_equal_across_ranks(_local(total), f"it{it} total norm")
+        ctx.assert_equal_across_ranks(local_part(total), f"it{it} total norm")
 
-        _assert_clipped(ref_grads, _grads(ref_model), max_norm, norm_type, f"it{it} reference")
-        after_local = {i: _local(p.grad) for i, p in enumerate(model.parameters())}
-        _assert_clipped(dict(enumerate(local_grads)), after_local, max_norm, norm_type, f"it{it} local")
-        clipped = _copy(impl.full_grads(model))
-        assert_close(ctx, clipped, _grads(ref_model), f"it{it} grads after clip")
-        _assert_clipped(full_grads, clipped, max_norm, norm_type, f"it{it} full")
+        assert_clipped(ref_grads, grads_of(ref_model), max_norm, norm_type, f"it{it} reference")
+        after_local = {i: local_part(p.grad) for i, p in enumerate(model.parameters())}
+        assert_clipped(dict(enumerate(local_grads)), after_local, max_norm, norm_type, f"it{it} local")
+        clipped = detached_copies(impl.full_grads(model))
+        assert_close(ctx, clipped, grads_of(ref_model), f"it{it} grads after clip")
+        assert_clipped(full_grads, clipped, max_norm, norm_type, f"it{it} full")
 
         # The seed never steps its optimizers, so its 10 iterations are identical; stepping makes
         # every iteration see new parameters (and checks the step on clipped gradients).
         ref_optim.step()
         optim.step()
-        full_params = _copy(impl.full_params(model))
+        full_params = detached_copies(impl.full_params(model))
         assert_close(ctx, full_params, dict(ref_model.named_parameters()), f"it{it} params")
         # Start the next iteration from identical parameters: with out.sum() the gradients are in
         # the hundreds, and float32 rounding differences (reduction order) fed back through 10 Adam
@@ -178,7 +179,7 @@ def _comm_count(ctx, impl, layout, max_norm, norm_type):
 
     ref_model, model, dp_group, _, inp, make_loss = _build_000(ctx, impl, layout)
     make_loss(ref_model(inp)).backward()
-    _avg_grads(ref_model, dp_group or ctx.group)
+    average_grads_(ref_model, dp_group or ctx.group)
     make_loss(model(inp)).backward()
     ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm, norm_type=norm_type)
     assert ref_total.item() > max_norm, "reference total norm below max_norm: clipping would be vacuous"
@@ -187,7 +188,7 @@ def _comm_count(ctx, impl, layout, max_norm, norm_type):
     comm_mode = CommDebugMode()
     with comm_mode:
         total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm, norm_type=norm_type)
-    n_all_reduce = _all_reduce_count(comm_mode)
+    n_all_reduce = all_reduce_count(comm_mode)
     mesh_ndim = 1 if layout == "1d" else 2
     assert len(total.placements) == mesh_ndim, f"total norm placements {total.placements}"
     ctx.record("all_reduce_count", n_all_reduce)

@@ -24,9 +24,10 @@ from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
 from conformance.protocol.capabilities import of_strategy
 from conformance.checks.support.grad_scaler import (
-    _average_grads_, _local, _named_with_grad, _set_nonuniform_req_grad, _state_dict_round_trip, _without_key_bias,
+    average_grads_predivided_, named_with_grad, set_nonuniform_req_grad, state_dict_round_trip, without_key_bias,
 )
 from conformance.checks.support.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
+from conformance.checks.support.tensors import local_part
 from harness import distributed
 
 
@@ -239,8 +240,8 @@ def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
             return
         model = model.to(ctx.device)
     if nonuniform:
-        _set_nonuniform_req_grad(model)
-        _set_nonuniform_req_grad(ref)
+        set_nonuniform_req_grad(model)
+        set_nonuniform_req_grad(ref)
         for m in (ref, model):
             assert any(p.requires_grad for p in m.parameters()) and not all(p.requires_grad for p in m.parameters())
     low = copy.deepcopy(ref).to(mp_dtype) if mp_dtype else ref  # the reference's compute copy
@@ -269,7 +270,7 @@ def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
         assert_close(ctx, loss, ref_loss, f"loss step {step}")
         scaler.scale(loss).backward()
         ref_scaler.scale(ref_loss).backward()
-        _average_grads_(low.parameters(), ctx)
+        average_grads_predivided_(low.parameters(), ctx)
         if mp_dtype:
             for lp, p in zip(low.parameters(), ref.parameters()):
                 p.grad = None if lp.grad is None else lp.grad.float()
@@ -283,8 +284,8 @@ def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
         assert scaler.get_scale() == ref_scaler.get_scale(), f"step {step}: scale {scaler.get_scale()} != reference {ref_scaler.get_scale()}"
         steps_taken += scaler.get_scale() >= scale
         for p in model.parameters():
-            assert _local(p).device.type == ("cpu" if offload else ctx.device.type), p.device
-        _state_dict_round_trip(model)
+            assert local_part(p).device.type == ("cpu" if offload else ctx.device.type), p.device
+        state_dict_round_trip(model)
         assert_close(ctx, impl.full_params(model), dict(ref.named_parameters()), f"params after step {step} "
                      "(state_dict saved, parameters zeroed, state_dict loaded)")
     ctx.assert_equal_across_ranks(scaler.get_scale(), "scale")
@@ -332,12 +333,12 @@ def test_sharded_grad_scaler_found_inf(ctx, impl, offload):
             scaled[name] = sc.scale(loss)
             scaled[name].backward()
             if m is ref:
-                _average_grads_(ref.parameters(), ctx)
+                average_grads_predivided_(ref.parameters(), ctx)
             with_grad = [p for p in m.parameters() if p.grad is not None]
-            before = [_local(p).detach().clone() for p in with_grad]
+            before = [local_part(p).detach().clone() for p in with_grad]
             if should_find_inf and (m is ref or ctx.rank == 0):
                 # the other ranks must learn about rank 0's inf from the scaler's found_inf sync
-                _local(with_grad[0].grad).fill_(float("inf"))
+                local_part(with_grad[0].grad).fill_(float("inf"))
             orig_scale = sc.get_scale()
             sc.step(opt)
             sc.update()
@@ -345,16 +346,16 @@ def test_sharded_grad_scaler_found_inf(ctx, impl, offload):
                 assert sc.get_scale() == orig_scale * sc.get_backoff_factor(), \
                     f"{name} it {it}: scale {sc.get_scale()} not backed off from {orig_scale}"
                 for p, b in zip(with_grad, before):
-                    assert torch.equal(_local(p).detach(), b), f"{name} rank {ctx.rank} it {it}: stepped despite inf"
+                    assert torch.equal(local_part(p).detach(), b), f"{name} rank {ctx.rank} it {it}: stepped despite inf"
             else:
                 assert sc.get_scale() == orig_scale, f"{name} it {it}: scale {sc.get_scale()} != {orig_scale}"
                 # torch's test requires EVERY parameter to change on a finite step (Adam moves every
                 # parameter whose gradient is nonzero). Empty local shards have nothing to change.
-                for (pname, p), b in zip(_named_with_grad(m), before):
-                    if b.numel() and torch.count_nonzero(_local(p.grad)):
-                        assert not torch.equal(_local(p).detach(), b), \
+                for (pname, p), b in zip(named_with_grad(m), before):
+                    if b.numel() and torch.count_nonzero(local_part(p.grad)):
+                        assert not torch.equal(local_part(p).detach(), b), \
                             f"{name} rank {ctx.rank} it {it}: {pname} unchanged on a finite step"
         ctx.assert_equal_across_ranks(scaler.get_scale(), f"scale after it {it}")
         assert_close(ctx, scaled["sharded"], scaled["reference"], f"scaled loss it {it}")
-        assert_close(ctx, _without_key_bias(impl.full_params(model)), _without_key_bias(dict(ref.named_parameters())),
+        assert_close(ctx, without_key_bias(impl.full_params(model)), without_key_bias(dict(ref.named_parameters())),
                      f"params after it {it}")

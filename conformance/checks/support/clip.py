@@ -21,7 +21,7 @@ LR = 1e-2
 # ---------------------------------------------------------------- helpers
 
 
-def _spec(model: nn.Module, variant: str | None = None, **kwargs) -> ShardSpec:
+def shard_spec_of(model: nn.Module, variant: str | None = None, **kwargs) -> ShardSpec:
     """A ShardSpec from the model's WrapSpec: units innermost first, per-unit strategies."""
     units, strategies = [], {}
     root_strategy = kwargs.pop("strategy", "FULL_SHARD")
@@ -36,14 +36,7 @@ def _spec(model: nn.Module, variant: str | None = None, **kwargs) -> ShardSpec:
     return ShardSpec(strategy=root_strategy, units=tuple(units), unit_strategies=strategies, **kwargs)
 
 
-def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    """This rank's piece of a gradient (a DTensor's local tensor, else the tensor itself)."""
-    if t is not None and hasattr(t, "to_local"):
-        t = t.to_local()
-    return None if t is None else t.detach()
-
-
-def _avg_grads(model: nn.Module, group) -> None:
+def average_grads_(model: nn.Module, group) -> None:
     """The data-parallel reference: all-reduce and average every gradient across `group`."""
     size = dist.get_world_size(group)
     for p in model.parameters():
@@ -52,27 +45,27 @@ def _avg_grads(model: nn.Module, group) -> None:
             p.grad.div_(size)
 
 
-def _norm(t: torch.Tensor, norm_type: float) -> float:
+def norm_of(t: torch.Tensor, norm_type: float) -> float:
     return torch.linalg.vector_norm(t.float(), ord=norm_type).item()
 
 
-def _copy(tensors: dict) -> dict:
+def detached_copies(tensors: dict) -> dict:
     """Detached copies: an adapter may hand back views of live gradients (e.g. a Replicate DTensor's
     full_tensor()), which in-place clipping would then change under our feet."""
     return {n: None if t is None else t.detach().clone() for n, t in tensors.items()}
 
 
-def _grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
+def grads_of(model: nn.Module) -> dict[str, torch.Tensor | None]:
     return {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def _assert_clipped(before: dict, after: dict, max_norm: float, norm_type: float, what: str) -> None:
+def assert_clipped(before: dict, after: dict, max_norm: float, norm_type: float, what: str) -> None:
     """Every gradient norm <= max_norm after clipping; every non-zero gradient was changed."""
     for name, g in after.items():
         if g is None:
             assert before[name] is None, f"{what}: {name} lost its gradient in clip_grad_norm_"
             continue
-        norm = _norm(g, norm_type)
+        norm = norm_of(g, norm_type)
         assert norm <= max_norm, f"{what}: {name} has norm {norm} > max_norm {max_norm} after clipping"
         if g.numel() and torch.count_nonzero(before[name]):
             assert not torch.equal(g, before[name]), f"{what}: {name} was not changed by clipping"
@@ -83,7 +76,7 @@ _CAPTURE = {"users": 0, "cm": None, "log": None}
 
 
 @contextlib.contextmanager
-def _record_warnings():
+def record_warnings():
     """warnings.catch_warnings(record=True) that works when ranks are threads of one process.
 
     catch_warnings swaps process-global state, so concurrent per-thread uses would clobber each other;
@@ -107,7 +100,7 @@ def _record_warnings():
                 _CAPTURE["cm"] = _CAPTURE["log"] = None
 
 
-def _all_reduce_count(comm_mode) -> int:
+def all_reduce_count(comm_mode) -> int:
     """All-reduces seen by CommDebugMode, whichever op namespace issued them."""
     return sum(n for op, n in comm_mode.get_comm_counts().items()
                if "all_reduce" in str(op) or "allreduce" in str(op))

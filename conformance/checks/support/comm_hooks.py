@@ -22,9 +22,9 @@ def plant_comm_hook(impl, model: nn.Module, path: str, state: Any, hook: Callabl
         impl.plant_comm_hook(model, path, state, hook)
         return
     try:
-        from reference_impl.sharding import _unit_of
+        from reference_impl.sharding import unit_of
 
-        unit = _unit_of(model.get_submodule(path))
+        unit = unit_of(model.get_submodule(path))
     except (ImportError, AttributeError):
         unit = None
     if unit is not None:

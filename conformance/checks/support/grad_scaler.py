@@ -5,15 +5,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from conformance.checks.support.tensors import local_part
 from conformance.checks.support.models import NonUniformReqGradNWM, TransformerWithSharedParams
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The rank's own data of a (possibly DTensor) tensor."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _predivide_factor(ws: int) -> int:
+def predivide_factor(ws: int) -> int:
     """torch's DefaultState gradient pre-divide factor (FSDP1/FSDP2 average as (sum g/f) / (ws/f))."""
     factor = 1
     while ws % factor == 0 and ws / factor > factor:
@@ -21,10 +17,10 @@ def _predivide_factor(ws: int) -> int:
     return factor
 
 
-def _average_grads_(params, ctx) -> None:
+def average_grads_predivided_(params, ctx) -> None:
     """The data-parallel gradient average of the unsharded reference, in each gradient's own dtype,
     with torch's pre/post division (so that float16 sums overflow exactly when FSDP's do)."""
-    pre = _predivide_factor(ctx.world_size)
+    pre = predivide_factor(ctx.world_size)
     post = ctx.world_size / pre
     for p in params:
         if p.grad is not None:
@@ -33,7 +29,7 @@ def _average_grads_(params, ctx) -> None:
             p.grad.div_(post)
 
 
-def _set_nonuniform_req_grad(model) -> None:
+def set_nonuniform_req_grad(model) -> None:
     """NonUniformReqGradNWM's freezing (only `module.2.*.1.*` trains), applied like the seed after
     sharding: names are matched with wrapper-internal path components (`_fsdp_wrapped_module`, any
     component starting with "_") dropped, so it works through any implementation's wrappers."""
@@ -44,25 +40,25 @@ def _set_nonuniform_req_grad(model) -> None:
             p.requires_grad_(False)
 
 
-def _zero_params_(model) -> None:
+def zero_params_(model) -> None:
     """The seed's `_zero_model`: every parameter (each rank's shard of it) set to 0."""
     with torch.no_grad():
         for p in model.parameters():
-            _local(p).zero_()
+            local_part(p).zero_()
 
 
-def _state_dict_round_trip(model) -> None:
+def state_dict_round_trip(model) -> None:
     """The seed's save_model step: clone the state_dict, zero the parameters, load it back."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    _zero_params_(model)
+    zero_params_(model)
     model.load_state_dict(state)
 
 
-def _named_with_grad(m) -> list:
+def named_with_grad(m) -> list:
     return [(n, p) for n, p in m.named_parameters() if p.grad is not None]
 
 
-def _without_key_bias(params: dict) -> dict:
+def without_key_bias(params: dict) -> dict:
     """Drop the key third of every attention `in_proj_bias`. Its gradient is analytically zero (the
     key bias adds q.b_k to every score of a query alike, and softmax ignores that), so it is float
     noise (~1e-9) that any change of reduction order changes; Adam's m / sqrt(v) turns that noise into
