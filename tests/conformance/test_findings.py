@@ -56,7 +56,7 @@ def test_findings_cite_existing_scripts_and_no_throwaway_path():
     cited = set(re.findall(r"conformance/expectations/repros/[\w.]+\.py", FINDINGS))
     assert cited == {str(p.relative_to(ROOT)) for p in SCRIPTS}  # every script cited, none missing
     without = [f for f, text in _sections().items() if "repros/" not in text]
-    assert without == ["F5"], without  # F5 is open: its reproduction is still to be cut out
+    assert without == [], without  # every finding cites its reproduction
 
 
 @pytest.mark.timeout(240)
