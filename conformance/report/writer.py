@@ -36,6 +36,7 @@ from conformance.report import coverage
 from conformance.report.reading import SCHEMA_VERSION
 
 MESSAGE_LIMIT = 64 * 1024  # characters of a cell's message kept in the report (head and tail)
+KNOWN_FAILURE_LIMIT = 2 * 1024  # an xfailed cell's: its expectation carries the reason and repro
 PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
 SUITE_VERSION = "0.1.0"
 RECORDED_ENV = ("SHARDCHECK_BACKEND", "SHARDCHECK_IMPL", "SHARDCHECK_LAUNCH", "CUDA_VISIBLE_DEVICES",
@@ -90,7 +91,9 @@ def _message(report, outcome: str) -> str:
     """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise; bounded."""
     if outcome in ("skipped", "unsupported") and isinstance(report.longrepr, tuple):
         return bounded(str(report.longrepr[2]).removeprefix("Skipped: "))
-    return bounded(report.longreprtext) if outcome in ("failed", "error", "xfailed") else ""
+    if outcome == "xfailed":
+        return bounded(report.longreprtext, KNOWN_FAILURE_LIMIT)
+    return bounded(report.longreprtext) if outcome in ("failed", "error") else ""
 
 
 class StreamError(ValueError):
