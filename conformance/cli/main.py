@@ -54,8 +54,13 @@ def _run(args, passthrough: list[str]) -> int:
     stamp = f"{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"  # two runs in one second: two files
     out = Path(args.output or f"reports/local/{'+'.join(args.impl or ['reference'])}-{args.backend}-{stamp}.json")
     from conformance.report import writer as reporting
+    from harness.external import detect
 
-    problem = reporting.unwritable(out) if args.launcher == "none" else None
+    launch = detect()
+    # Checked where the report is written: here, or on a launcher's rank 0 alone (another rank's
+    # check would race with rank 0's lock on the stream, or unlink the file rank 0 just created).
+    writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
+    problem = reporting.unwritable(out) if writes_report else None
     if problem:
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
         return 2
@@ -73,9 +78,6 @@ def _run(args, passthrough: list[str]) -> int:
         return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 "--nproc-per-node", str(args.nproc_per_node), "-m", "conformance.cli",
                                 *_without_launcher(args.argv)])
-    from harness.external import detect
-
-    launch = detect()
     if launch is not None and launch.rank != 0:  # only rank 0 shows progress and writes the report
         return int(pytest.main(argv + passthrough))
     from conformance.cli.progress import RunProgress  # rich: only for this command
