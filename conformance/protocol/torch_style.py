@@ -12,13 +12,10 @@ so torch-style adapters (reference, FSDP1, FSDP2, DDP) implement only the API me
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 
 from conformance.protocol.adapter import StepResult
-from conformance.protocol.outcomes import Unsupported
 from conformance.protocol.spec import Recipe, ShardSpec
 
 
@@ -77,8 +74,6 @@ class TorchStyleAdapter:
     `clip_grad_norm` clips with any norm type, and one with `sharded_grad_scaler` scales the loss."""
 
     def trainer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> TorchStyleTrainer:
-        if recipe.clip is not None and recipe.clip.norm_type not in (1.0, 2.0, math.inf):
-            raise Unsupported(f"norm type {recipe.clip.norm_type}")
         return TorchStyleTrainer(self, model, spec, recipe)
 
     @staticmethod
