@@ -20,7 +20,8 @@ from conformance.checks.support import models as M
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
 from conformance.protocol.capabilities import of_strategy
-from conformance.checks.support.clip import INF, LR, assert_clipped, average_grads_, detached_copies, grads_of, norm_of, record_warnings, shard_spec_of
+from conformance.checks.support.dp_reference import average_gradients_
+from conformance.checks.support.clip import INF, LR, assert_clipped, detached_copies, grads_of, norm_of, record_warnings, shard_spec_of
 from conformance.checks.support.tensors import local_part
 from harness import distributed
 
@@ -74,7 +75,7 @@ def test_below_max_norm_leaves_grads_unchanged(ctx, impl, norm_type, strategy):
     with ctx.seeded(1 + ctx.rank):
         inp = tuple(x + 0.1 * torch.randn_like(x) for x in inp)
     ref_model(*inp).sum().backward()
-    average_grads_(ref_model, ctx.group)
+    average_gradients_([p.grad for p in ref_model.parameters()], ctx.group)
     model(*inp).sum().backward()
     before = detached_copies(impl.full_grads(model))
     ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=1e6, norm_type=norm_type)
@@ -123,7 +124,7 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
     with ctx.seeded(1):
         inp = ref_model.get_input(ctx.device)
     ref_model.get_loss(inp, ref_model(*inp)).backward()
-    average_grads_(ref_model, ctx.group)
+    average_gradients_([p.grad for p in ref_model.parameters()], ctx.group)
     ref_model.get_loss(inp, model(*inp)).backward()
     # Scale gradients by a large factor so that they are certainly clipped.
     for p in list(ref_model.parameters()) + list(model.parameters()):
@@ -163,7 +164,7 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
         with ctx.seeded(2 + i):
             inp = ref_model.get_input(ctx.device)
         ref_model(*inp).sum().backward()
-        average_grads_(ref_model, ctx.group)
+        average_gradients_([p.grad for p in ref_model.parameters()], ctx.group)
         model(*inp).sum().backward()
         ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm,
                                                    norm_type=norm_type)

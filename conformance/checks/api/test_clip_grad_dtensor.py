@@ -16,7 +16,8 @@ import torch
 from conformance.checks.support import models as M
 from conformance.protocol import Unsupported
 from conformance.checks.support.compare import assert_close
-from conformance.checks.support.clip import INF, LR, all_reduce_count, assert_clipped, average_grads_, detached_copies, grads_of, norm_of, shard_spec_of
+from conformance.checks.support.dp_reference import average_gradients_
+from conformance.checks.support.clip import INF, LR, all_reduce_count, assert_clipped, detached_copies, grads_of, norm_of, shard_spec_of
 from conformance.checks.support.tensors import local_part
 from harness import distributed
 
@@ -104,7 +105,7 @@ def _clip_parity_loop(ctx, impl, layout: str, max_norm: float, norm_type: float,
     for it in range(iters):
         ref_optim.zero_grad()
         make_loss(ref_model(inp)).backward()
-        average_grads_(ref_model, dp_group or ctx.group)
+        average_gradients_([p.grad for p in ref_model.parameters()], dp_group or ctx.group)
         optim.zero_grad()
         make_loss(model(inp)).backward()
 
@@ -179,7 +180,7 @@ def _comm_count(ctx, impl, layout, max_norm, norm_type):
 
     ref_model, model, dp_group, _, inp, make_loss = _build_000(ctx, impl, layout)
     make_loss(ref_model(inp)).backward()
-    average_grads_(ref_model, dp_group or ctx.group)
+    average_gradients_([p.grad for p in ref_model.parameters()], dp_group or ctx.group)
     make_loss(model(inp)).backward()
     ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm, norm_type=norm_type)
     assert ref_total.item() > max_norm, "reference total norm below max_norm: clipping would be vacuous"

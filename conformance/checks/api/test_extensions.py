@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
+from conformance.checks.support.dp_reference import average_gradients_
 from conformance.checks.support.models import MLP
 from conformance.checks.support.subclasses import TwoTensor
 from harness import distributed
@@ -111,11 +112,9 @@ def _split(actual: dict, expected: dict) -> tuple[dict, dict]:
 
 
 def _average_grads(ctx, model: nn.Module) -> None:
-    for p in model.parameters():
-        if p.grad is not None:
-            for g in ((p.grad.a, p.grad.b) if isinstance(p.grad, TwoTensor) else (p.grad,)):
-                dist.all_reduce(g, group=ctx.group)
-                g.div_(ctx.world_size)
+    grads = [p.grad for p in model.parameters()]
+    average_gradients_([t for g in grads if g is not None
+                        for t in ((g.a, g.b) if isinstance(g, TwoTensor) else (g,))], ctx.group)
 
 
 def _check_parity(ctx, impl, ref, model, what, grads=True):

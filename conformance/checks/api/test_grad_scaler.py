@@ -23,8 +23,9 @@ import torch
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
 from conformance.protocol.capabilities import of_strategy
+from conformance.checks.support.dp_reference import average_gradients_
 from conformance.checks.support.grad_scaler import (
-    average_grads_predivided_, named_with_grad, set_nonuniform_req_grad, state_dict_round_trip, without_key_bias,
+    named_with_grad, set_nonuniform_req_grad, state_dict_round_trip, without_key_bias,
 )
 from conformance.checks.support.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
 from conformance.checks.support.tensors import local_part
@@ -270,7 +271,7 @@ def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
         assert_close(ctx, loss, ref_loss, f"loss step {step}")
         scaler.scale(loss).backward()
         ref_scaler.scale(ref_loss).backward()
-        average_grads_predivided_(low.parameters(), ctx)
+        average_gradients_([p.grad for p in low.parameters()], ctx.group, predivide=True)
         if mp_dtype:
             for lp, p in zip(low.parameters(), ref.parameters()):
                 p.grad = None if lp.grad is None else lp.grad.float()
@@ -333,7 +334,7 @@ def test_sharded_grad_scaler_found_inf(ctx, impl, offload):
             scaled[name] = sc.scale(loss)
             scaled[name].backward()
             if m is ref:
-                average_grads_predivided_(ref.parameters(), ctx)
+                average_gradients_([p.grad for p in ref.parameters()], ctx.group, predivide=True)
             with_grad = [p for p in m.parameters() if p.grad is not None]
             before = [local_part(p).detach().clone() for p in with_grad]
             if should_find_inf and (m is ref or ctx.rank == 0):

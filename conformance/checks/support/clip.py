@@ -8,7 +8,6 @@ import threading
 import warnings
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from conformance.checks.support import models as M
@@ -34,15 +33,6 @@ def shard_spec_of(model: nn.Module, variant: str | None = None, **kwargs) -> Sha
         if strategy:
             strategies[path] = strategy
     return ShardSpec(strategy=root_strategy, units=tuple(units), unit_strategies=strategies, **kwargs)
-
-
-def average_grads_(model: nn.Module, group) -> None:
-    """The data-parallel reference: all-reduce and average every gradient across `group`."""
-    size = dist.get_world_size(group)
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad.div_(size)
 
 
 def norm_of(t: torch.Tensor, norm_type: float) -> float:

@@ -3,30 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from conformance.checks.support.tensors import local_part
 from conformance.checks.support.models import NonUniformReqGradNWM, TransformerWithSharedParams
-
-
-def predivide_factor(ws: int) -> int:
-    """torch's DefaultState gradient pre-divide factor (FSDP1/FSDP2 average as (sum g/f) / (ws/f))."""
-    factor = 1
-    while ws % factor == 0 and ws / factor > factor:
-        factor *= 2
-    return factor
-
-
-def average_grads_predivided_(params, ctx) -> None:
-    """The data-parallel gradient average of the unsharded reference, in each gradient's own dtype,
-    with torch's pre/post division (so that float16 sums overflow exactly when FSDP's do)."""
-    pre = predivide_factor(ctx.world_size)
-    post = ctx.world_size / pre
-    for p in params:
-        if p.grad is not None:
-            p.grad.div_(pre)
-            dist.all_reduce(p.grad, group=ctx.group)
-            p.grad.div_(post)
 
 
 def set_nonuniform_req_grad(model) -> None:
