@@ -4,7 +4,8 @@
 entry-point group `shardcheck.adapters`; `load("pkg.module:attr")` imports one directly (the attribute
 may be an adapter instance, or a class / factory called with no arguments). `load("name[variant]")`
 calls the class with `variant=...`: a variant is one configuration of an implementation's own knobs
-(`torch-fsdp1[flat]`), listed in the adapter's `variants` and reported as its own row.
+(`torch-fsdp1[flat]`), listed in the adapter's `variants` and reported as its own row. `all` (on the
+command line) is every built-in implementation and variant whose dependencies are installed.
 """
 
 from __future__ import annotations
@@ -50,6 +51,20 @@ def split_variant(spec: str) -> tuple[str, str | None]:
         base, _, variant = spec[:-1].partition("[")
         return base, variant
     return spec, None
+
+
+def every_builtin() -> tuple[list[str], dict[str, str]]:
+    """What `--impl all` means: every built-in implementation and each of its variants whose
+    dependencies are installed; and, for the others, why they were left out (`{name: reason}`)."""
+    names, left_out = [], {}
+    for name, target in BUILTIN.items():
+        try:
+            obj = _import(target)
+        except ImportError as exc:
+            left_out[name] = str(exc)
+            continue
+        names += [name] + [f"{name}[{variant}]" for variant in getattr(obj, "variants", {})]
+    return names, left_out
 
 
 def load(spec: str) -> Adapter:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("shardcheck-conformance", "shardcheck conformance: implementations")
     group.addoption("--impl", action="append", default=None,
                     help="implementation(s) to check: a built-in name (reference, torch-fsdp2, "
-                         "torch-fsdp1, ddp, deepspeed), NAME[variant], an entry point of group "
+                         "torch-fsdp1, ddp, deepspeed), NAME[variant], 'all' (every built-in one "
+                         "and variant whose dependencies are installed), an entry point of group "
                          "'shardcheck.adapters', or pkg.module:attr. Repeatable. Default: "
                          "$SHARDCHECK_IMPL or reference.")
 
@@ -41,6 +43,11 @@ def pytest_configure(config):
     names = [n.strip() for chunk in names for n in _split(chunk) if n.strip()]
     if not names:
         raise pytest.UsageError("--impl: no implementation named")
+    if "all" in names:
+        every, left_out = adapters.every_builtin()
+        names = [m for n in names for m in (every if n == "all" else [n])]
+        for name, reason in left_out.items():
+            print(f"shardcheck: --impl all: {name} left out: {reason}", file=sys.stderr)
     try:
         config._shardcheck_impls = {n: adapters.load(n) for n in dict.fromkeys(names)}
         config._shardcheck_manifests = {n: manifest.load(a) for n, a in config._shardcheck_impls.items()}

@@ -87,3 +87,14 @@ def test_unknown_implementation_is_one_line(tmp_path):
     assert proc.returncode == 4
     assert "unknown implementation 'nope'; available: ddp, deepspeed, reference, torch-fsdp1, torch-fsdp2" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_impl_all_is_every_builtin_and_variant_and_says_what_it_left_out(monkeypatch):
+    from conformance import adapters
+
+    names, left_out = adapters.every_builtin()
+    assert {"reference", "torch-fsdp2", "torch-fsdp1", "torch-fsdp1[flat]", "ddp"} <= set(names)
+    assert ("deepspeed" in names) != ("deepspeed" in left_out)  # installed, or said why not
+    monkeypatch.setitem(adapters.BUILTIN, "missing", "no_such_engine_module:Adapter")
+    names, left_out = adapters.every_builtin()
+    assert "missing" not in names and "no_such_engine_module" in left_out["missing"]
