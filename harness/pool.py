@@ -18,7 +18,8 @@ from multiprocessing.connection import wait
 
 from harness.output import output_since, pool_dir, trim_text
 from harness.task import RankResult, Task
-from harness.verdict import root_first, trim_stack
+from harness.stacks import trim_stack
+from harness.verdict import root_first
 from harness.worker import rank_main
 
 FAILURE_GRACE_S = 1.0  # after one rank fails, how long the others get to report before they are stopped

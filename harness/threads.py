@@ -10,10 +10,8 @@ thread (it dies with the process, and the next test gets a fresh threaded world)
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -21,6 +19,7 @@ import torch.distributed as dist
 from harness.backends import device_for
 from harness.context import RankContext
 from harness.pool import FAILURE_GRACE_S
+from harness.stacks import thread_stack
 from harness.task import RankResult, Task, execute, reset_process_state
 
 _RUN_LOCK = threading.Lock()  # one threaded world at a time per process
@@ -30,15 +29,6 @@ def _threaded_pg():
     from torch.testing._internal.distributed import multi_threaded_pg  # noqa: the isolated import
 
     return multi_threaded_pg
-
-
-def thread_stack(thread: threading.Thread) -> str:
-    frame = sys._current_frames().get(thread.ident)
-    if frame is None:
-        return "(thread already exited)"
-    lines = traceback.format_stack(frame)
-    body = [i for i, line in enumerate(lines) if "/harness/task.py" in line]
-    return "".join(lines[body[-1] + 1:] if body else lines)
 
 
 def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]:

@@ -34,21 +34,6 @@ def summary_line(message: str) -> str:
     return lines[0].strip()
 
 
-def trim_stack(text: str) -> str:
-    """faulthandler's dump, minus the harness's own threads and the frames below the test body."""
-    blocks = []
-    for block in text.strip().split("\n\n"):
-        if "in watchdog" in block:
-            continue
-        kept = []
-        for line in block.splitlines():
-            if "/harness/task.py" in line:
-                break
-            kept.append(line)
-        blocks.append("\n".join(kept))
-    return "\n\n".join(blocks) or text
-
-
 def root_first(result: RankResult) -> tuple:
     """Sort key putting the root cause of a failure first, in time: ranks that failed on their own
     before ranks the harness stopped; a rank that died before ranks that raised (a peer's death is
