@@ -11,10 +11,11 @@ It knows nothing about FSDP. In a test module::
         assert t.item() == sum(range(ctx.world_size))
 """
 
-from harness.backends import BACKENDS, HarnessUsageError
 from harness.context import RankContext
+from harness.plan import HarnessUsageError
 from harness.runner import run
 from harness.verdict import Verdict
+from harness.vocabulary import BACKENDS
 
 __all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "run"]
 

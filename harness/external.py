@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from harness.backends import device_for
 from harness.context import RankContext
+from harness.devices import device_for
 from harness.task import RankResult, Task, execute, reset_process_state
 
 

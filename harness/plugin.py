@@ -19,9 +19,11 @@ import sys
 
 import pytest
 
-from harness import backends, deadline, devices, forked_compat, runner, xdist_support
-from harness.pool import START_TIMEOUT_S, PoolStartError
+from harness import deadline, devices, forked_compat, runner, xdist_support
 from harness.external import detect
+from harness.plan import HarnessUsageError, check_backend, check_world_size, skip_reason
+from harness.pool import START_TIMEOUT_S, PoolStartError
+from harness.vocabulary import LAUNCHES
 from harness.task import Task, takes_ctx
 from harness.verdict import Verdict
 
@@ -40,7 +42,7 @@ def pytest_addoption(parser):
                          "a comma-separated list runs every test once per backend. "
                          "Default: $SHARDCHECK_BACKEND or gloo.")
     group.addoption("--launch", default=os.environ.get("SHARDCHECK_LAUNCH", "pool"),
-                    choices=backends.LAUNCHES,
+                    choices=LAUNCHES,
                     help="pool: persistent rank processes reused across tests (default); "
                          "spawn: fresh processes for every test.")
     group.addoption("--rank-timeout", type=float, default=300.0,
@@ -57,8 +59,8 @@ def pytest_plugin_registered(plugin, manager):
 
 def _size(text: str) -> int:
     if not text.strip().isdigit():
-        raise backends.HarnessUsageError(f"--world-sizes: {text.strip()!r} is not a positive integer "
-                                         f"(give a comma-separated list, e.g. 2,4)")
+        raise HarnessUsageError(f"--world-sizes: {text.strip()!r} is not a positive integer "
+                                f"(give a comma-separated list, e.g. 2,4)")
     return int(text)
 
 
@@ -67,11 +69,10 @@ def pytest_configure(config):
         "markers", f"{MARKER}(world_size=2, backend=None, timeout=None): run the test body on "
                    "world_size ranks (an int or a list: one item per size); the body takes `ctx`.")
     try:
-        config._shardcheck_backends = [backends.check_backend(b.strip())
-                                       for b in config.getoption("backend").split(",")]
+        config._shardcheck_backends = [check_backend(b.strip()) for b in config.getoption("backend").split(",")]
         sizes = config.getoption("world_sizes")
-        config._shardcheck_sizes = {backends.check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
-    except backends.HarnessUsageError as exc:
+        config._shardcheck_sizes = {check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
+    except HarnessUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._shardcheck_launch_env = detect()
     config._shardcheck_main_pid = os.getpid()
@@ -193,15 +194,15 @@ def pytest_runtest_setup(item):
         return
     problem = None
     try:
-        backend = backends.check_backend(_backend(item))
-        backends.check_world_size(ws)
-    except backends.HarnessUsageError as exc:
+        backend = check_backend(_backend(item))
+        check_world_size(ws)
+    except HarnessUsageError as exc:
         problem = str(exc)
     if problem:
         pytest.fail(problem, pytrace=False)
     if takes_ctx(item.obj) is None:
         pytest.fail(f"{item.name}: a @distributed test body must take `ctx` as an argument", pytrace=False)
-    reason = backends.skip_reason(backend, ws)
+    reason = skip_reason(backend, ws)
     if reason:
         pytest.skip(reason)
     launch = item.config._shardcheck_launch_env
@@ -253,7 +254,7 @@ def pytest_pyfunc_call(pyfuncitem):
                 verdict = _run_timed(pyfuncitem, task, ws, backend, mode, leased)
         else:
             verdict = _run_timed(pyfuncitem, task, ws, backend, mode, None)
-    except (backends.HarnessUsageError, devices.LeaseTimeout) as exc:
+    except (HarnessUsageError, devices.LeaseTimeout) as exc:
         verdict = Verdict("failed", str(exc), [])
     except PoolStartError as exc:
         verdict = Verdict("failed", f"could not start the ranks: {exc}", [])
@@ -272,7 +273,7 @@ def pytest_pyfunc_call(pyfuncitem):
 def _run_timed(item, task, ws, backend, mode, leased) -> Verdict:
     """Start the ranks (not the test's time), then run the body under its deadline, with
     pytest-timeout's timer as a backstop should the harness itself get stuck."""
-    if mode == "pool" and backends.skip_reason(backend, ws) is None:
+    if mode == "pool" and skip_reason(backend, ws) is None:
         runner.prepare(ws, backend, leased)
     limit = _deadline(item)
     slack = deadline.STOP_SLACK_S + (START_TIMEOUT_S if mode == "spawn" else 0.0)

@@ -27,6 +27,19 @@ START_TIMEOUT_S = 120.0
 PRELOAD = ["torch", "torch.distributed", "harness.worker", "harness.task", "harness.context"]
 
 
+def start_method(backend: str) -> str:
+    """How a pool starts its ranks: fork is fastest; forkserver (with PRELOAD) is the safe choice
+    once CUDA is involved. SHARDCHECK_START_METHOD overrides."""
+    forced = os.environ.get("SHARDCHECK_START_METHOD")
+    if forced:
+        return forced
+    import torch
+
+    if backend == "nccl" or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return "forkserver"
+    return "fork"
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "did not exit"

@@ -13,12 +13,11 @@ import atexit
 import os
 from typing import Callable
 
-from harness import backends
-from harness.pool import PoolStartError, RankDiedIdle, RankPool
+from harness.plan import HarnessUsageError, check_backend, check_world_size, skip_reason
+from harness.pool import PoolStartError, RankDiedIdle, RankPool, start_method
 from harness.task import RankResult, Task
 from harness.verdict import Verdict, decide
-
-MODES = ("pool", "spawn", "thread", "external")
+from harness.vocabulary import MODES
 MAX_LIVE_POOLS = 4
 
 _pools: dict[tuple[int, str], RankPool] = {}
@@ -51,7 +50,7 @@ def _pool(world_size: int, backend: str, devices: list[str] | None = None) -> Ra
         while len(_pools) >= MAX_LIVE_POOLS:  # on 2 cores, idle pools cost memory, not time
             _idle_deaths.extend(_pools.pop(next(iter(_pools))).shutdown())
         _pools.pop(key, None)
-        pool = _pools[key] = RankPool(world_size, backend, method=backends.start_method(backend),
+        pool = _pools[key] = RankPool(world_size, backend, method=start_method(backend),
                                       devices=devices)
     else:
         _pools[key] = _pools.pop(key)  # most recently used last
@@ -114,14 +113,14 @@ def leave_external_world() -> None:
 def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "pool",
              timeout: float = 300.0, devices: list[str] | None = None) -> Verdict:
     """`devices`: the ids leased for this test (harness.devices); the ranks see only those."""
-    backends.check_backend(backend)
-    backends.check_world_size(world_size)
+    check_backend(backend)
+    check_world_size(world_size)
     if mode not in MODES:
-        raise backends.HarnessUsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
+        raise HarnessUsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
     if (mode == "thread") != (backend == "threaded"):
-        raise backends.HarnessUsageError(
+        raise HarnessUsageError(
             f"mode {mode!r} does not go with backend {backend!r}: thread mode is the 'threaded' backend")
-    reason = backends.skip_reason(backend, world_size)
+    reason = skip_reason(backend, world_size)
     if reason:
         return Verdict("skipped", reason, [])
     if mode == "thread":
@@ -133,7 +132,7 @@ def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "po
 
         launch = detect()
         if launch is None:
-            raise backends.HarnessUsageError("external mode needs ranks started by torchrun or srun")
+            raise HarnessUsageError("external mode needs ranks started by torchrun or srun")
         if world_size > launch.world_size:
             return Verdict("skipped", f"needs world size {world_size}; the launcher started "
                                       f"{launch.world_size} ranks", [])

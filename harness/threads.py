@@ -16,8 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from harness.backends import device_for
 from harness.context import RankContext
+from harness.devices import device_for
 from harness.pool import FAILURE_GRACE_S
 from harness.stacks import thread_stack
 from harness.task import RankResult, Task, execute, reset_process_state

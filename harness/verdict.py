@@ -10,7 +10,7 @@ from harness.task import RankResult
 
 @dataclass
 class Verdict:
-    outcome: str  # passed | failed | skipped
+    outcome: str  # one of vocabulary.OUTCOMES
     message: str
     results: list[RankResult]
 

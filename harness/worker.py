@@ -68,8 +68,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     import torch
     import torch.distributed as dist
 
-    from harness.backends import device_for
     from harness.context import RankContext
+    from harness.devices import device_for
     from harness.task import execute, reset_process_state
 
     # One intra-op thread per rank: ranks already share the cores, and a forked child must never
