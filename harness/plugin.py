@@ -1,8 +1,8 @@
 """The pytest plugin (entry point `pytest11: shardcheck`): turns `@distributed` tests into N-rank runs.
 
 - `pytest_generate_tests` makes one item per world size (`[ws2]`, `[ws4]`, ...).
-- `pytest_runtest_setup` decides in the parent what can be decided before any rank starts: bad input
-  is one error line, a backend or device count this machine lacks is a skip with the reason.
+- `pytest_runtest_setup` makes the test's plan (harness/plan.py), once: bad input is one error line,
+  a backend or device count this machine lacks is a skip with the reason.
 - `pytest_pyfunc_call` ships the item's parameters to the ranks, runs the body there and turns the
   ranks' verdict into the item's outcome; records from the ranks land in `item.user_properties`.
 - `pytest_timeout_set_timer` (pytest-timeout's hook) hands a distributed test's limit to the harness:
@@ -21,13 +21,14 @@ import pytest
 
 from harness import deadline, devices, forked_compat, runner, xdist_support
 from harness.external import detect
-from harness.plan import HarnessUsageError, check_backend, check_world_size, skip_reason
+from harness.plan import HarnessUsageError, Plan, check_backend, check_world_size, choose_mode, make_plan
 from harness.pool import START_TIMEOUT_S, PoolStartError
-from harness.vocabulary import LAUNCHES
 from harness.task import Task, takes_ctx
-from harness.verdict import Verdict
+from harness.verdict import Verdict, not_started
+from harness.vocabulary import LAUNCHES
 
 MARKER = "distributed"
+PLAN = pytest.StashKey[Plan]()  # a distributed item's plan, made at setup
 
 
 _parser = []  # kept for `-n gpus` when pytest-xdist registers after this plugin
@@ -188,26 +189,27 @@ def pytest_timeout_set_timer(item, settings):
     return None
 
 
+def _make_plan(item) -> Plan:
+    backend = _backend(item)
+    mode = choose_mode(backend, item.config.getoption("launch"),
+                       external=item.config._shardcheck_launch_env is not None)
+    return make_plan(_world_size(item), backend, mode)
+
+
 def pytest_runtest_setup(item):
-    ws = _world_size(item)
     if item.get_closest_marker(MARKER) is None:
         return
     problem = None
     try:
-        backend = check_backend(_backend(item))
-        check_world_size(ws)
+        plan = item.stash[PLAN] = _make_plan(item)
     except HarnessUsageError as exc:
         problem = str(exc)
     if problem:
         pytest.fail(problem, pytrace=False)
     if takes_ctx(item.obj) is None:
         pytest.fail(f"{item.name}: a @distributed test body must take `ctx` as an argument", pytrace=False)
-    reason = skip_reason(backend, ws)
-    if reason:
-        pytest.skip(reason)
-    launch = item.config._shardcheck_launch_env
-    if launch is not None and ws > launch.world_size:
-        pytest.skip(f"needs world size {ws}; the launcher started {launch.world_size} ranks")
+    if plan.skip:
+        pytest.skip(plan.skip)
 
 
 def _unpicklable(kwargs):
@@ -229,7 +231,7 @@ def _qualname(item) -> str:
 def pytest_pyfunc_call(pyfuncitem):
     if pyfuncitem.get_closest_marker(MARKER) is None:
         return None
-    ws, backend = _world_size(pyfuncitem), _backend(pyfuncitem)
+    plan = pyfuncitem.stash[PLAN]
     names = [n for n in pyfuncitem._fixtureinfo.argnames
              if n not in ("ctx", "request", "shardcheck_backend")]
     kwargs = {n: pyfuncitem.funcargs[n] for n in names if n in pyfuncitem.funcargs}
@@ -240,24 +242,21 @@ def pytest_pyfunc_call(pyfuncitem):
     task = Task(test_id=pyfuncitem.nodeid, module=pyfuncitem.module.__name__,
                 file=getattr(pyfuncitem.module, "__file__", None),
                 qualname=_qualname(pyfuncitem), kwargs=kwargs, sys_path=list(sys.path))
-    launch = pyfuncitem.config._shardcheck_launch_env
-    mode = ("external" if launch else "thread" if backend == "threaded"
-            else pyfuncitem.config.getoption("launch"))
     pyfuncitem.config._shardcheck_locations[pyfuncitem.nodeid] = pyfuncitem.location
     try:
-        if devices.leasing_applies(backend, mode):
+        if devices.leasing_applies(plan.backend, plan.mode):
             visible = len(devices.visible_devices())
-            if ws > visible:
-                pytest.skip(f"needs {ws} devices; {visible} visible")
-            with devices.lease(ws, pyfuncitem.config.getoption("rank_timeout"),
-                               prefer=runner.pool_devices(ws, backend)) as leased:
-                verdict = _run_timed(pyfuncitem, task, ws, backend, mode, leased)
+            if plan.world_size > visible:
+                pytest.skip(f"needs {plan.world_size} devices; {visible} visible")
+            with devices.lease(plan.world_size, pyfuncitem.config.getoption("rank_timeout"),
+                               prefer=runner.pool_devices(plan.world_size, plan.backend)) as leased:
+                verdict = _run_timed(pyfuncitem, task, plan, leased)
         else:
-            verdict = _run_timed(pyfuncitem, task, ws, backend, mode, None)
-    except (HarnessUsageError, devices.LeaseTimeout) as exc:
+            verdict = _run_timed(pyfuncitem, task, plan, None)
+    except devices.LeaseTimeout as exc:
         verdict = Verdict("failed", str(exc), [])
     except PoolStartError as exc:
-        verdict = Verdict("failed", f"could not start the ranks: {exc}", [])
+        verdict = not_started(exc)
     for key, per_rank in verdict.records():
         pyfuncitem.user_properties.append((key, per_rank))
     if verdict.results:
@@ -270,15 +269,15 @@ def pytest_pyfunc_call(pyfuncitem):
     return True
 
 
-def _run_timed(item, task, ws, backend, mode, leased) -> Verdict:
+def _run_timed(item, task: Task, plan: Plan, leased: list[str] | None) -> Verdict:
     """Start the ranks (not the test's time), then run the body under its deadline, with
     pytest-timeout's timer as a backstop should the harness itself get stuck."""
-    if mode == "pool" and skip_reason(backend, ws) is None:
-        runner.prepare(ws, backend, leased)
+    if plan.mode == "pool":
+        runner.prepare(plan.world_size, plan.backend, leased)
     limit = _deadline(item)
-    slack = deadline.STOP_SLACK_S + (START_TIMEOUT_S if mode == "spawn" else 0.0)
+    slack = deadline.STOP_SLACK_S + (START_TIMEOUT_S if plan.mode == "spawn" else 0.0)
     with deadline.backstop(item, limit + slack):
-        return runner.run_task(task, ws, backend, mode, limit, leased)
+        return runner.run_task(task, plan, limit, leased)
 
 
 def pytest_runtest_teardown(item):

@@ -70,3 +70,8 @@ def decide(results: list[RankResult]) -> Verdict:
         detail = ", ".join(f"rank {r.rank} skipped ({r.message})" for r in skipped)
         return Verdict("failed", f"ranks disagree: {detail}; the others passed", results)
     return Verdict("passed", "", results)
+
+
+def not_started(error: BaseException) -> Verdict:
+    """The verdict of a test whose ranks could not be started (no rank ran the body)."""
+    return Verdict("failed", f"could not start the ranks: {error}", [])
