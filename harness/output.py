@@ -31,6 +31,11 @@ def pool_dir() -> str:
     return tempfile.mkdtemp(prefix=f"{POOL_DIR_PREFIX}{os.getpid()}-")
 
 
+def output_path(stack_path: str) -> str:
+    """Where a rank writes what it prints: next to its stack file, in its pool's folder."""
+    return stack_path.replace("stacks-", "output-")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

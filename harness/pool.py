@@ -16,7 +16,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from harness.output import output_since, pool_dir, trim_text
+from harness.output import output_path, output_since, pool_dir, trim_text
 from harness.task import RankResult, Task
 from harness.stacks import trim_stack
 from harness.waiting import unfinished, wait_for_ranks
@@ -129,7 +129,7 @@ class RankPool:
         return not self.broken and self.owner_pid == os.getpid() and all(p.is_alive() for p in self.procs)
 
     def _output_path(self, r: int) -> str:
-        return self.stack_paths[r].replace("stacks-", "output-")
+        return output_path(self.stack_paths[r])
 
     def _idle_death(self, r: int) -> tuple[str | None, str]:
         """(the test that ran last on rank r, or None, message) for a rank that died while idle."""
