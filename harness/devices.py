@@ -54,6 +54,10 @@ def device_for(backend: str, local_rank: int):
     return torch.device("cpu")
 
 
+def _lease_timeout(count: int, timeout_s: float) -> LeaseTimeout:
+    return LeaseTimeout(f"could not lease {count} devices within {timeout_s:g} s (other tests held them)")
+
+
 def fake_count() -> int | None:
     raw = os.environ.get(FAKE_ENV)
     return int(raw) if raw else None
@@ -141,8 +145,7 @@ def lease(count: int, timeout_s: float, prefer: list[str] | None = None):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise LeaseTimeout(f"could not lease {count} devices within {timeout_s:g} s "
-                                       f"(other tests held them)") from None
+                    raise _lease_timeout(count, timeout_s) from None
                 time.sleep(POLL_S)
         try:
             while len(held) < count:
@@ -153,8 +156,7 @@ def lease(count: int, timeout_s: float, prefer: list[str] | None = None):
                             held[dev] = fd
                 if len(held) < count:
                     if time.monotonic() > deadline:
-                        raise LeaseTimeout(f"could not lease {count} devices within {timeout_s:g} s "
-                                           f"(other tests held them)")
+                        raise _lease_timeout(count, timeout_s)
                     time.sleep(POLL_S)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
