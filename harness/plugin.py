@@ -70,7 +70,8 @@ def pytest_configure(config):
         "markers", f"{MARKER}(world_size=2, backend=None, timeout=None): run the test body on "
                    "world_size ranks (an int or a list: one item per size); the body takes `ctx`.")
     try:
-        config._shardcheck_backends = [check_backend(b.strip()) for b in config.getoption("backend").split(",")]
+        config._shardcheck_backends = [check_backend(b.strip())
+                                       for b in config.getoption("backend").split(",")]
         sizes = config.getoption("world_sizes")
         config._shardcheck_sizes = {check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
     except HarnessUsageError as exc:

@@ -1,10 +1,11 @@
 """A set of rank processes that share one process group and run tests one after another.
 
 `RankPool.run` sends a task to every rank and waits for all of them (harness/waiting.py), watching
-three things at once: each rank's result pipe, each rank's process sentinel (it died), and the deadline. Whatever goes wrong
-(a rank fails while others block in a collective, a rank dies, the deadline passes) the ranks still
-pending are asked for their Python stacks, then terminated, then killed, and the pool is marked broken
-so the caller starts a fresh one: the next test always runs on clean ranks.
+three things at once: each rank's result pipe, each rank's process sentinel (it died), and the
+deadline. Whatever goes wrong (a rank fails while others block in a collective, a rank dies, the
+deadline passes) the ranks still pending are asked for their Python stacks, then terminated, then
+killed, and the pool is marked broken so the caller starts a fresh one: the next test always runs on
+clean ranks.
 """
 
 from __future__ import annotations
