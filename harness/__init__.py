@@ -17,7 +17,7 @@ Where each concern lives:
     runner.py      run a test's plan in its mode (pools kept per world size and backend); `run`
     pool.py        rank processes reused test after test (pool and spawn modes); start method
     worker.py      the main loop of one rank process
-    threads.py     thread mode (the only user of torch.testing._internal)
+    threads.py     thread mode: torch's threaded process group
     external.py    ranks started by torchrun or srun
     waiting.py     the one wait for every rank's result, and what a rank that never answered is
     task.py        what travels to the ranks (Task) and back (RankResult); runs a body on a rank
