@@ -9,12 +9,34 @@ It knows nothing about FSDP. In a test module::
         t = torch.ones(1) * ctx.rank
         dist.all_reduce(t)
         assert t.item() == sum(range(ctx.world_size))
+
+Where each concern lives:
+
+    vocabulary.py  the words: backends, modes, outcomes
+    plan.py        what the parent decides before any rank starts: input checks, mode, skips
+    runner.py      run a test's plan in its mode (pools kept per world size and backend); `run`
+    pool.py        rank processes reused test after test (pool and spawn modes); start method
+    worker.py      the main loop of one rank process
+    threads.py     thread mode: torch's threaded process group
+    external.py    ranks started by torchrun or srun
+    waiting.py     the one wait for every rank's result, and what a rank that never answered is
+    task.py        what travels to the ranks (Task) and back (RankResult); runs a body on a rank
+    context.py     `ctx`, the per-rank context a body receives
+    verdict.py     from every rank's result to the test's verdict
+    stacks.py      ranks' Python stacks, cut to the test body
+    output.py      what a rank printed, at a bounded size; the pools' temporary folders
+    devices.py     each rank's device, and GPU leasing
+    deadline.py    a test's time limit, taken over from pytest-timeout
+    plugin.py      the pytest plugin (entry point pytest11: shardcheck)
+    xdist_support.py, forked_compat.py   `-n gpus`, and pytest-forked on pytest >= 9.2
+    bench.py       per-test overhead of each mode: `python -m harness.bench`
 """
 
-from harness.backends import BACKENDS, HarnessUsageError
 from harness.context import RankContext
+from harness.plan import HarnessUsageError
 from harness.runner import run
 from harness.verdict import Verdict
+from harness.vocabulary import BACKENDS
 
 __all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "run"]
 

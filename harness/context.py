@@ -20,7 +20,7 @@ class RankContext:
     world_size: int
     backend: str
     device: torch.device
-    mode: str  # pool | spawn | thread | external
+    mode: str  # one of vocabulary.MODES
     group: Any = None  # the process group of this test's ranks; None means the default group
     _records: list = field(default_factory=list, repr=False)
     _meshes: dict = field(default_factory=dict, repr=False)

@@ -1,6 +1,10 @@
-"""GPU leasing: every test takes the devices it needs for as long as it runs, from one lease shared by
-all the processes of a session (pytest-xdist workers) and by concurrent sessions on the machine.
+"""Which device each rank uses, and GPU leasing.
 
+A rank's device (`device_for`): cuda:<local rank> under nccl; under the threaded backend the CPU,
+or cuda:0 for every rank with SHARDCHECK_THREAD_DEVICE=cuda; else the CPU.
+
+Leasing: every test takes the devices it needs for as long as it runs, from one lease shared by
+all the processes of a session (pytest-xdist workers) and by concurrent sessions on the machine.
 A device is a lock file, `<lease dir>/device-<id>.lock`, held with `fcntl.flock` (released by the
 kernel when its holder dies: a killed worker never leaves a device taken). `<id>` is the device's
 entry in the outer `CUDA_VISIBLE_DEVICES` (an index or a UUID), so two sessions restricted to
@@ -22,6 +26,8 @@ import os
 import tempfile
 import time
 
+from harness.vocabulary import LAUNCHES
+
 FAKE_ENV = "SHARDCHECK_FAKE_GPUS"
 DIR_ENV = "SHARDCHECK_LEASE_DIR"
 POLL_S = 0.05
@@ -29,6 +35,27 @@ POLL_S = 0.05
 
 class LeaseTimeout(RuntimeError):
     pass
+
+
+def thread_device_type() -> str:
+    """Threaded ranks live on the CPU unless SHARDCHECK_THREAD_DEVICE=cuda puts them all on cuda:0."""
+    return os.environ.get("SHARDCHECK_THREAD_DEVICE", "cpu")
+
+
+def device_for(backend: str, local_rank: int):
+    """The torch.device of the rank with this local rank."""
+    import torch
+
+    if backend == "nccl":
+        return torch.device("cuda", local_rank)
+    if backend == "threaded":
+        kind = thread_device_type()
+        return torch.device(kind, 0) if kind == "cuda" else torch.device("cpu")
+    return torch.device("cpu")
+
+
+def _lease_timeout(count: int, timeout_s: float) -> LeaseTimeout:
+    return LeaseTimeout(f"could not lease {count} devices within {timeout_s:g} s (other tests held them)")
 
 
 def fake_count() -> int | None:
@@ -64,7 +91,7 @@ def worker_count() -> tuple[int, str]:
 
 def leasing_applies(backend: str, mode: str) -> bool:
     """Tests lease devices when their ranks are processes on GPUs (nccl), or on fake GPUs."""
-    if mode not in ("pool", "spawn"):
+    if mode not in LAUNCHES:
         return False  # thread ranks share one process; external ranks' devices belong to the launcher
     return backend == "nccl" or fake_count() is not None
 
@@ -118,8 +145,7 @@ def lease(count: int, timeout_s: float, prefer: list[str] | None = None):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise LeaseTimeout(f"could not lease {count} devices within {timeout_s:g} s "
-                                       f"(other tests held them)") from None
+                    raise _lease_timeout(count, timeout_s) from None
                 time.sleep(POLL_S)
         try:
             while len(held) < count:
@@ -130,8 +156,7 @@ def lease(count: int, timeout_s: float, prefer: list[str] | None = None):
                             held[dev] = fd
                 if len(held) < count:
                     if time.monotonic() > deadline:
-                        raise LeaseTimeout(f"could not lease {count} devices within {timeout_s:g} s "
-                                           f"(other tests held them)")
+                        raise _lease_timeout(count, timeout_s)
                     time.sleep(POLL_S)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)

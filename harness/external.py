@@ -2,8 +2,9 @@
 
 Every rank runs the same tests in the same order. For a test at world size W the first W ranks run
 the body (on a sub-group when W is smaller than the launched world), then all ranks exchange their
-results over a separate gloo control group so that the verdict is the same everywhere; only rank 0
-reports it (the other ranks' terminals stay quiet, see the plugin).
+results over a separate gloo control group (the poll of harness/waiting.py: all results arrive at
+once) so that the verdict is the same everywhere; only rank 0 reports it (the other ranks' terminals
+stay quiet, see the plugin). The launcher, not the harness, bounds the time a body may take.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from harness.backends import device_for
 from harness.context import RankContext
+from harness.devices import device_for
 from harness.task import RankResult, Task, execute, reset_process_state
+from harness.waiting import wait_for_ranks
 
 
 @dataclass
@@ -61,6 +63,14 @@ class ExternalWorld:
         return self.groups[world_size]
 
     def run(self, task: Task, world_size: int) -> list[RankResult]:
+        def poll(pending: set[int], wait_s: float) -> dict[int, RankResult]:
+            return dict(enumerate(self._exchange(task, world_size)))
+
+        results, _ = wait_for_ranks(world_size, float("inf"), poll)
+        return [results[r] for r in range(world_size)]
+
+    def _exchange(self, task: Task, world_size: int) -> list[RankResult]:
+        """Run the body on the first `world_size` ranks; every rank's result, on every rank."""
         rank = self.launch.rank
         group = self._group(world_size)
         if rank < world_size:

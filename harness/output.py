@@ -16,6 +16,8 @@ import re
 import shutil
 import tempfile
 
+from harness.stacks import without_harness_frames
+
 HEAD_BYTES = 2048   # kept from the start of a long output
 TAIL_BYTES = 6144   # kept from its end (the last lines usually say what went wrong)
 MAX_LINES = 40
@@ -27,6 +29,11 @@ def pool_dir() -> str:
     """A private temporary folder for a new pool, named after this (owning) process."""
     clean_stale_pool_dirs()
     return tempfile.mkdtemp(prefix=f"{POOL_DIR_PREFIX}{os.getpid()}-")
+
+
+def output_path(stack_path: str) -> str:
+    """Where a rank writes what it prints: next to its stack file, in its pool's folder."""
+    return stack_path.replace("stacks-", "output-")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -78,19 +85,9 @@ def _keep_copy(path: str, offset: int, label: str) -> str:
     return kept
 
 
-def _without_harness_frames(text: str) -> str:
-    """Drop the harness's own frames from fatal-signal dumps (they sit below the test body)."""
-    kept, below_body = [], False
-    for line in text.splitlines():
-        if line.startswith("  File "):
-            below_body = below_body or "/harness/task.py" in line
-            if below_body:
-                continue
-        else:
-            below_body = False
-        if not line.startswith("Extension modules:"):
-            kept.append(line)
-    return "\n".join(kept[-MAX_LINES:]).rstrip()
+def _last_lines(text: str) -> str:
+    """The last MAX_LINES lines of `text`, without the harness's frames (see harness/stacks.py)."""
+    return "\n".join(without_harness_frames(text)[-MAX_LINES:]).rstrip()
 
 
 def output_since(path: str, offset: int, label: str) -> str:
@@ -101,12 +98,12 @@ def output_since(path: str, offset: int, label: str) -> str:
         if size <= HEAD_BYTES + TAIL_BYTES:
             with open(path, errors="replace") as f:
                 f.seek(offset)
-                return trim_text(_without_harness_frames(f.read()))
+                return trim_text(_last_lines(f.read()))
         with open(path, "rb") as f:
             f.seek(offset)
             head = f.read(HEAD_BYTES).decode(errors="replace")
             f.seek(offset + size - TAIL_BYTES)
-            tail = _without_harness_frames(f.read(TAIL_BYTES).decode(errors="replace"))
+            tail = _last_lines(f.read(TAIL_BYTES).decode(errors="replace"))
         kept = _keep_copy(path, offset, label)
     except OSError:
         return ""

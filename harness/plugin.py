@@ -1,8 +1,8 @@
 """The pytest plugin (entry point `pytest11: shardcheck`): turns `@distributed` tests into N-rank runs.
 
 - `pytest_generate_tests` makes one item per world size (`[ws2]`, `[ws4]`, ...).
-- `pytest_runtest_setup` decides in the parent what can be decided before any rank starts: bad input
-  is one error line, a backend or device count this machine lacks is a skip with the reason.
+- `pytest_runtest_setup` makes the test's plan (harness/plan.py), once: bad input is one error line,
+  a backend or device count this machine lacks is a skip with the reason.
 - `pytest_pyfunc_call` ships the item's parameters to the ranks, runs the body there and turns the
   ranks' verdict into the item's outcome; records from the ranks land in `item.user_properties`.
 - `pytest_timeout_set_timer` (pytest-timeout's hook) hands a distributed test's limit to the harness:
@@ -19,13 +19,16 @@ import sys
 
 import pytest
 
-from harness import backends, deadline, devices, forked_compat, runner, xdist_support
-from harness.pool import START_TIMEOUT_S, PoolStartError
+from harness import deadline, devices, forked_compat, runner, xdist_support
 from harness.external import detect
+from harness.plan import HarnessUsageError, Plan, check_backend, check_world_size, choose_mode, make_plan
+from harness.pool import START_TIMEOUT_S, PoolStartError
 from harness.task import Task, takes_ctx
-from harness.verdict import Verdict
+from harness.verdict import Verdict, not_started
+from harness.vocabulary import LAUNCHES
 
 MARKER = "distributed"
+PLAN = pytest.StashKey[Plan]()  # a distributed item's plan, made at setup
 
 
 _parser = []  # kept for `-n gpus` when pytest-xdist registers after this plugin
@@ -40,7 +43,7 @@ def pytest_addoption(parser):
                          "a comma-separated list runs every test once per backend. "
                          "Default: $SHARDCHECK_BACKEND or gloo.")
     group.addoption("--launch", default=os.environ.get("SHARDCHECK_LAUNCH", "pool"),
-                    choices=backends.LAUNCHES,
+                    choices=LAUNCHES,
                     help="pool: persistent rank processes reused across tests (default); "
                          "spawn: fresh processes for every test.")
     group.addoption("--rank-timeout", type=float, default=300.0,
@@ -57,8 +60,8 @@ def pytest_plugin_registered(plugin, manager):
 
 def _size(text: str) -> int:
     if not text.strip().isdigit():
-        raise backends.HarnessUsageError(f"--world-sizes: {text.strip()!r} is not a positive integer "
-                                         f"(give a comma-separated list, e.g. 2,4)")
+        raise HarnessUsageError(f"--world-sizes: {text.strip()!r} is not a positive integer "
+                                f"(give a comma-separated list, e.g. 2,4)")
     return int(text)
 
 
@@ -67,11 +70,11 @@ def pytest_configure(config):
         "markers", f"{MARKER}(world_size=2, backend=None, timeout=None): run the test body on "
                    "world_size ranks (an int or a list: one item per size); the body takes `ctx`.")
     try:
-        config._shardcheck_backends = [backends.check_backend(b.strip())
+        config._shardcheck_backends = [check_backend(b.strip())
                                        for b in config.getoption("backend").split(",")]
         sizes = config.getoption("world_sizes")
-        config._shardcheck_sizes = {backends.check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
-    except backends.HarnessUsageError as exc:
+        config._shardcheck_sizes = {check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
+    except HarnessUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._shardcheck_launch_env = detect()
     config._shardcheck_main_pid = os.getpid()
@@ -187,26 +190,27 @@ def pytest_timeout_set_timer(item, settings):
     return None
 
 
+def _make_plan(item) -> Plan:
+    backend = _backend(item)
+    mode = choose_mode(backend, item.config.getoption("launch"),
+                       external=item.config._shardcheck_launch_env is not None)
+    return make_plan(_world_size(item), backend, mode)
+
+
 def pytest_runtest_setup(item):
-    ws = _world_size(item)
     if item.get_closest_marker(MARKER) is None:
         return
     problem = None
     try:
-        backend = backends.check_backend(_backend(item))
-        backends.check_world_size(ws)
-    except backends.HarnessUsageError as exc:
+        plan = item.stash[PLAN] = _make_plan(item)
+    except HarnessUsageError as exc:
         problem = str(exc)
     if problem:
         pytest.fail(problem, pytrace=False)
     if takes_ctx(item.obj) is None:
         pytest.fail(f"{item.name}: a @distributed test body must take `ctx` as an argument", pytrace=False)
-    reason = backends.skip_reason(backend, ws)
-    if reason:
-        pytest.skip(reason)
-    launch = item.config._shardcheck_launch_env
-    if launch is not None and ws > launch.world_size:
-        pytest.skip(f"needs world size {ws}; the launcher started {launch.world_size} ranks")
+    if plan.skip:
+        pytest.skip(plan.skip)
 
 
 def _unpicklable(kwargs):
@@ -228,7 +232,7 @@ def _qualname(item) -> str:
 def pytest_pyfunc_call(pyfuncitem):
     if pyfuncitem.get_closest_marker(MARKER) is None:
         return None
-    ws, backend = _world_size(pyfuncitem), _backend(pyfuncitem)
+    plan = pyfuncitem.stash[PLAN]
     names = [n for n in pyfuncitem._fixtureinfo.argnames
              if n not in ("ctx", "request", "shardcheck_backend")]
     kwargs = {n: pyfuncitem.funcargs[n] for n in names if n in pyfuncitem.funcargs}
@@ -239,24 +243,21 @@ def pytest_pyfunc_call(pyfuncitem):
     task = Task(test_id=pyfuncitem.nodeid, module=pyfuncitem.module.__name__,
                 file=getattr(pyfuncitem.module, "__file__", None),
                 qualname=_qualname(pyfuncitem), kwargs=kwargs, sys_path=list(sys.path))
-    launch = pyfuncitem.config._shardcheck_launch_env
-    mode = ("external" if launch else "thread" if backend == "threaded"
-            else pyfuncitem.config.getoption("launch"))
     pyfuncitem.config._shardcheck_locations[pyfuncitem.nodeid] = pyfuncitem.location
     try:
-        if devices.leasing_applies(backend, mode):
+        if devices.leasing_applies(plan.backend, plan.mode):
             visible = len(devices.visible_devices())
-            if ws > visible:
-                pytest.skip(f"needs {ws} devices; {visible} visible")
-            with devices.lease(ws, pyfuncitem.config.getoption("rank_timeout"),
-                               prefer=runner.pool_devices(ws, backend)) as leased:
-                verdict = _run_timed(pyfuncitem, task, ws, backend, mode, leased)
+            if plan.world_size > visible:
+                pytest.skip(f"needs {plan.world_size} devices; {visible} visible")
+            with devices.lease(plan.world_size, pyfuncitem.config.getoption("rank_timeout"),
+                               prefer=runner.pool_devices(plan.world_size, plan.backend)) as leased:
+                verdict = _run_timed(pyfuncitem, task, plan, leased)
         else:
-            verdict = _run_timed(pyfuncitem, task, ws, backend, mode, None)
-    except (backends.HarnessUsageError, devices.LeaseTimeout) as exc:
+            verdict = _run_timed(pyfuncitem, task, plan, None)
+    except devices.LeaseTimeout as exc:
         verdict = Verdict("failed", str(exc), [])
     except PoolStartError as exc:
-        verdict = Verdict("failed", f"could not start the ranks: {exc}", [])
+        verdict = not_started(exc)
     for key, per_rank in verdict.records():
         pyfuncitem.user_properties.append((key, per_rank))
     if verdict.results:
@@ -269,15 +270,15 @@ def pytest_pyfunc_call(pyfuncitem):
     return True
 
 
-def _run_timed(item, task, ws, backend, mode, leased) -> Verdict:
+def _run_timed(item, task: Task, plan: Plan, leased: list[str] | None) -> Verdict:
     """Start the ranks (not the test's time), then run the body under its deadline, with
     pytest-timeout's timer as a backstop should the harness itself get stuck."""
-    if mode == "pool" and backends.skip_reason(backend, ws) is None:
-        runner.prepare(ws, backend, leased)
+    if plan.mode == "pool":
+        runner.prepare(plan.world_size, plan.backend, leased)
     limit = _deadline(item)
-    slack = deadline.STOP_SLACK_S + (START_TIMEOUT_S if mode == "spawn" else 0.0)
+    slack = deadline.STOP_SLACK_S + (START_TIMEOUT_S if plan.mode == "spawn" else 0.0)
     with deadline.backstop(item, limit + slack):
-        return runner.run_task(task, ws, backend, mode, limit, leased)
+        return runner.run_task(task, plan, limit, leased)
 
 
 def pytest_runtest_teardown(item):

@@ -1,10 +1,11 @@
 """A set of rank processes that share one process group and run tests one after another.
 
-`RankPool.run` sends a task to every rank and waits for all of them, watching three things at once:
-each rank's result pipe, each rank's process sentinel (it died), and the deadline. Whatever goes wrong
-(a rank fails while others block in a collective, a rank dies, the deadline passes) the ranks still
-pending are asked for their Python stacks, then terminated, then killed, and the pool is marked broken
-so the caller starts a fresh one: the next test always runs on clean ranks.
+`RankPool.run` sends a task to every rank and waits for all of them (harness/waiting.py), watching
+three things at once: each rank's result pipe, each rank's process sentinel (it died), and the
+deadline. Whatever goes wrong (a rank fails while others block in a collective, a rank dies, the
+deadline passes) the ranks still pending are asked for their Python stacks, then terminated, then
+killed, and the pool is marked broken so the caller starts a fresh one: the next test always runs on
+clean ranks.
 """
 
 from __future__ import annotations
@@ -16,14 +17,27 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from harness.output import output_since, pool_dir, trim_text
+from harness.output import output_path, output_since, pool_dir, trim_text
 from harness.task import RankResult, Task
-from harness.verdict import root_first, trim_stack
+from harness.stacks import trim_stack
+from harness.waiting import unfinished, wait_for_ranks
 from harness.worker import rank_main
 
-FAILURE_GRACE_S = 1.0  # after one rank fails, how long the others get to report before they are stopped
 START_TIMEOUT_S = 120.0
 PRELOAD = ["torch", "torch.distributed", "harness.worker", "harness.task", "harness.context"]
+
+
+def start_method(backend: str) -> str:
+    """How a pool starts its ranks: fork is fastest; forkserver (with PRELOAD) is the safe choice
+    once CUDA is involved. SHARDCHECK_START_METHOD overrides."""
+    forced = os.environ.get("SHARDCHECK_START_METHOD")
+    if forced:
+        return forced
+    import torch
+
+    if backend == "nccl" or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return "forkserver"
+    return "fork"
 
 
 def describe_exit(code: int | None) -> str:
@@ -87,8 +101,7 @@ class RankPool:
         deadline = time.monotonic() + START_TIMEOUT_S
         pending = set(range(self.world_size))
         while pending:
-            ready = wait([self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
-                         timeout=max(0.0, deadline - time.monotonic()))
+            ready = self._ready(pending, max(0.0, deadline - time.monotonic()))
             if not ready:
                 self.kill()
                 raise PoolStartError(f"ranks {sorted(pending)} did not join the {self.backend} process "
@@ -107,12 +120,17 @@ class RankPool:
                     raise PoolStartError(f"rank {r} {describe_exit(code)} while starting the "
                                          f"{self.backend} process group")
 
+    def _ready(self, pending: set[int], timeout: float) -> list:
+        """Block at most `timeout` for a message or a death of one of the `pending` ranks."""
+        return wait([self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
+                    timeout=timeout)
+
     @property
     def usable(self) -> bool:
         return not self.broken and self.owner_pid == os.getpid() and all(p.is_alive() for p in self.procs)
 
     def _output_path(self, r: int) -> str:
-        return self.stack_paths[r].replace("stacks-", "output-")
+        return output_path(self.stack_paths[r])
 
     def _idle_death(self, r: int) -> tuple[str | None, str]:
         """(the test that ran last on rank r, or None, message) for a rank that died while idle."""
@@ -143,7 +161,7 @@ class RankPool:
             except (BrokenPipeError, OSError):
                 pass  # that rank is dead; its sentinel says so below
         try:
-            results, pending = self._gather(timeout)
+            results, pending = wait_for_ranks(self.world_size, timeout, self._poll)
         except BaseException:
             # Interrupted in the parent (Ctrl-C, pytest-timeout): never leave ranks running.
             self.broken = True
@@ -165,28 +183,16 @@ class RankPool:
             self.broken = True  # collectives may be left half-matched: never reuse these ranks
         return [results[r] for r in range(self.world_size)]
 
-    def _gather(self, timeout: float) -> tuple[dict[int, RankResult], set[int]]:
-        """Wait for every rank's result, a death, or the deadline; after a first failure the others
-        get FAILURE_GRACE_S to report."""
-        results: dict[int, RankResult] = {}
-        pending = set(range(self.world_size))
-        deadline = time.monotonic() + timeout
-        stop_at = deadline
-        while pending:
-            ready = wait([self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending],
-                         timeout=max(0.0, stop_at - time.monotonic()))
-            if not ready:
-                break
-            # deaths first: a peer's death is what makes the others raise ("Connection closed")
-            for r in sorted(pending, key=lambda r: self.procs[r].sentinel not in ready):
-                result = self._collect(r, ready)
-                if result is None:
-                    continue
-                results[r] = result
-                pending.discard(r)
-                if result.outcome == "failed" and stop_at == deadline:
-                    stop_at = min(deadline, time.monotonic() + FAILURE_GRACE_S)
-        return results, pending
+    def _poll(self, pending: set[int], wait_s: float) -> dict[int, RankResult]:
+        """The results (or deaths) of pending ranks within `wait_s` (the poll of `wait_for_ranks`)."""
+        ready = self._ready(pending, wait_s)
+        arrived = {}
+        # deaths first: a peer's death is what makes the others raise ("Connection closed")
+        for r in sorted(pending, key=lambda r: self.procs[r].sentinel not in ready):
+            result = self._collect(r, ready)
+            if result is not None:
+                arrived[r] = result
+        return arrived
 
     def _check_idle_deaths(self, results: dict[int, RankResult]) -> None:
         """A rank that died before it took this test was idle: its death belongs to the test before."""
@@ -199,15 +205,10 @@ class RankPool:
     def _stop_pending(self, results: dict[int, RankResult], pending: set[int], timeout: float) -> None:
         """Ranks still running past the deadline, or past the grace after a failure: their stacks."""
         self.broken = True
-        failed = sorted((res for res in results.values() if res.outcome == "failed"), key=root_first)
         stacks = self.stacks(pending)
+        finished = dict(results)
         for r in pending:
-            if failed:
-                why = f"was still running {FAILURE_GRACE_S:g} s after rank {failed[0].rank} failed; stopped"
-            else:
-                why = f"did not finish within the {timeout:g} s deadline (hang?)"
-            results[r] = RankResult(r, "failed", f"rank {r} {why}.\nIts Python stack:\n{stacks[r]}",
-                                    stopped=bool(failed))
+            results[r] = unfinished(r, stacks[r], finished, timeout)
 
     def _check_alive_after(self, results: dict[int, RankResult]) -> None:
         """End-of-test check (one poll, no message): a rank that died right after answering fails

@@ -1,6 +1,8 @@
 """Run one test body on N ranks, in whichever mode was chosen, and return the verdict.
 
-This is the harness's single entry point; the pytest plugin and the benchmark both call `run`.
+This is the harness's single entry point: the pytest plugin calls `run_task` with the plan it made
+at setup (harness/plan.py), `run` (the public API, the benchmark) makes the plan itself. Whatever
+the mode, the verdict is decided once, from every rank's result (harness/verdict.py).
 Pools are kept per (world size, backend) for the life of the process and replaced after any failure.
 A rank that dies while idle between tests is blamed on the test that ran last on it: such deaths
 are collected (`take_idle_deaths`) for the plugin to report against that test, and the test that
@@ -13,12 +15,11 @@ import atexit
 import os
 from typing import Callable
 
-from harness import backends
-from harness.pool import PoolStartError, RankDiedIdle, RankPool
+from harness.plan import Plan, choose_mode, make_plan
+from harness.pool import PoolStartError, RankDiedIdle, RankPool, start_method
 from harness.task import RankResult, Task
-from harness.verdict import Verdict, decide
+from harness.verdict import Verdict, decide, not_started
 
-MODES = ("pool", "spawn", "thread", "external")
 MAX_LIVE_POOLS = 4
 
 _pools: dict[tuple[int, str], RankPool] = {}
@@ -51,7 +52,7 @@ def _pool(world_size: int, backend: str, devices: list[str] | None = None) -> Ra
         while len(_pools) >= MAX_LIVE_POOLS:  # on 2 cores, idle pools cost memory, not time
             _idle_deaths.extend(_pools.pop(next(iter(_pools))).shutdown())
         _pools.pop(key, None)
-        pool = _pools[key] = RankPool(world_size, backend, method=backends.start_method(backend),
+        pool = _pools[key] = RankPool(world_size, backend, method=start_method(backend),
                                       devices=devices)
     else:
         _pools[key] = _pools.pop(key)  # most recently used last
@@ -111,47 +112,43 @@ def leave_external_world() -> None:
         _external = None
 
 
-def run_task(task: Task, world_size: int, backend: str = "gloo", mode: str = "pool",
-             timeout: float = 300.0, devices: list[str] | None = None) -> Verdict:
-    """`devices`: the ids leased for this test (harness.devices); the ranks see only those."""
-    backends.check_backend(backend)
-    backends.check_world_size(world_size)
-    if mode not in MODES:
-        raise backends.HarnessUsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
-    if (mode == "thread") != (backend == "threaded"):
-        raise backends.HarnessUsageError(
-            f"mode {mode!r} does not go with backend {backend!r}: thread mode is the 'threaded' backend")
-    reason = backends.skip_reason(backend, world_size)
-    if reason:
-        return Verdict("skipped", reason, [])
-    if mode == "thread":
+def _run_on_fresh_ranks(task: Task, world_size: int, backend: str, timeout: float,
+                        devices: list[str] | None) -> list[RankResult]:
+    """Spawn mode: a pool of new processes for this test alone."""
+    pool = RankPool(world_size, backend, method="spawn", mode="spawn", devices=devices)
+    try:
+        return pool.run(task, timeout)
+    finally:
+        _idle_deaths.extend(pool.shutdown())
+
+
+def _results(task: Task, plan: Plan, timeout: float, devices: list[str] | None) -> list[RankResult]:
+    """Every rank's result, from the ranks of the plan's mode."""
+    if plan.mode == "thread":
         from harness.threads import run_threads
 
-        return decide(run_threads(task, world_size, timeout))
-    if mode == "external":
-        from harness.external import detect
+        return run_threads(task, plan.world_size, timeout)
+    if plan.mode == "external":
+        return external_world(plan.launch, plan.backend, timeout).run(task, plan.world_size)
+    if plan.mode == "spawn":
+        return _run_on_fresh_ranks(task, plan.world_size, plan.backend, timeout, devices)
+    return _run_on_pool(task, plan.world_size, plan.backend, timeout, devices)
 
-        launch = detect()
-        if launch is None:
-            raise backends.HarnessUsageError("external mode needs ranks started by torchrun or srun")
-        if world_size > launch.world_size:
-            return Verdict("skipped", f"needs world size {world_size}; the launcher started "
-                                      f"{launch.world_size} ranks", [])
-        return decide(external_world(launch, backend, timeout).run(task, world_size))
+
+def run_task(task: Task, plan: Plan, timeout: float = 300.0, devices: list[str] | None = None) -> Verdict:
+    """Carry out a test's plan (see harness.plan) and decide its verdict. `devices`: the ids leased
+    for this test (harness.devices); the ranks see only those."""
+    if plan.skip:
+        return Verdict("skipped", plan.skip, [])
     try:
-        if mode == "spawn":
-            pool = RankPool(world_size, backend, method="spawn", mode="spawn", devices=devices)
-            try:
-                return decide(pool.run(task, timeout))
-            finally:
-                _idle_deaths.extend(pool.shutdown())
-        return decide(_run_on_pool(task, world_size, backend, timeout, devices))
+        results = _results(task, plan, timeout, devices)
     except PoolStartError as exc:
-        return decide([RankResult(0, "failed", f"could not start the ranks: {exc}")])
+        return not_started(exc)
+    return decide(results)
 
 
 def run(fn: Callable, world_size: int, backend: str = "gloo", mode: str | None = None,
         timeout: float = 300.0, **kwargs) -> Verdict:
     """Run `fn(ctx, **kwargs)` on `world_size` ranks outside pytest. `fn` must be importable."""
-    mode = mode or ("thread" if backend == "threaded" else "pool")
-    return run_task(Task.for_callable(fn, kwargs), world_size, backend, mode, timeout)
+    plan = make_plan(world_size, backend, mode or choose_mode(backend))
+    return run_task(Task.for_callable(fn, kwargs), plan, timeout)

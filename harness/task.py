@@ -19,9 +19,6 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-OUTCOMES = ("passed", "failed", "skipped")
-
-
 @dataclass
 class Task:
     test_id: str
@@ -45,7 +42,7 @@ class Task:
 @dataclass
 class RankResult:
     rank: int
-    outcome: str  # one of OUTCOMES
+    outcome: str  # one of vocabulary.OUTCOMES
     message: str = ""  # traceback for failures, reason for skips
     records: list[tuple[str, Any]] = field(default_factory=list)
     duration: float = 0.0

@@ -10,18 +10,16 @@ thread (it dies with the process, and the next test gets a fresh threaded world)
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
-import traceback
 
 import torch
 import torch.distributed as dist
 
-from harness.backends import device_for
 from harness.context import RankContext
-from harness.pool import FAILURE_GRACE_S
+from harness.devices import device_for
+from harness.stacks import thread_stack
 from harness.task import RankResult, Task, execute, reset_process_state
+from harness.waiting import no_result, unfinished, wait_for_ranks
 
 _RUN_LOCK = threading.Lock()  # one threaded world at a time per process
 
@@ -32,68 +30,59 @@ def _threaded_pg():
     return multi_threaded_pg
 
 
-def thread_stack(thread: threading.Thread) -> str:
-    frame = sys._current_frames().get(thread.ident)
-    if frame is None:
-        return "(thread already exited)"
-    lines = traceback.format_stack(frame)
-    body = [i for i, line in enumerate(lines) if "/harness/task.py" in line]
-    return "".join(lines[body[-1] + 1:] if body else lines)
-
-
 def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]:
     mtpg = _threaded_pg()
     with _RUN_LOCK:
         reset_process_state(task.seed)
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         world = mtpg._install_threaded_pg()
-        store = dist.HashStore()
-        results: list[RankResult | None] = [None] * world_size
-        meshes: list[dict] = [{} for _ in range(world_size)]
-
-        def rank_thread(rank: int) -> None:
-            dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store)
-            try:
-                ctx = RankContext(rank=rank, world_size=world_size, backend="threaded",
-                                  device=device_for("threaded", rank), mode="thread",
-                                  _meshes=meshes[rank])
-                results[rank] = execute(task, ctx, on_failure=mtpg.ProcessLocalGroup.exception_handle)
-            finally:
-                if dist.distributed_c10d._world is world:
-                    dist.destroy_process_group()
-
-        threads = [threading.Thread(target=rank_thread, args=(r,), name=f"shardcheck-rank{r}",
-                                    daemon=True) for r in range(world_size)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + timeout
-        first_failure = None
         try:
-            while any(t.is_alive() for t in threads):
-                failed = [r for r, res in enumerate(results) if res and res.outcome == "failed"]
-                if failed and first_failure is None:
-                    first_failure = (failed[0], time.monotonic())
-                now = time.monotonic()
-                if now > deadline or (first_failure and now > first_failure[1] + FAILURE_GRACE_S):
-                    break
-                next(t for t in threads if t.is_alive()).join(0.01)
-            final = list(results)  # what arrives after this point is the harness stopping ranks
-            for r, t in enumerate(threads):
-                if t.is_alive():
-                    why = ("did not finish within the deadline (hang?)" if first_failure is None
-                           else f"was still running after rank {first_failure[0]} failed; stopped")
-                    final[r] = RankResult(r, "failed", f"rank {r} (thread) {why}.\n"
-                                                       f"Its Python stack:\n{thread_stack(t)}",
-                                          stopped=first_failure is not None)
-                elif final[r] and "Test termination event" in final[r].message:
-                    final[r].stopped = True  # woken out of a collective by the failing rank
-            if any(t.is_alive() for t in threads):
-                mtpg.ProcessLocalGroup.exception_handle(TimeoutError("shardcheck: test stopped"))
-                for t in threads:
-                    t.join(0.5)
+            return _run_in_world(task, world_size, timeout, mtpg, world)
         finally:
             mtpg.ProcessLocalGroup.reset()
             mtpg._uninstall_threaded_pg()
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
-        return [res if res is not None else RankResult(r, "failed", f"rank {r} produced no result")
-                for r, res in enumerate(final)]
+
+
+def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world) -> list[RankResult]:
+    """One thread per rank in the installed threaded world; stopped, if need be, at the deadline."""
+    store = dist.HashStore()
+    answers: list[RankResult | None] = [None] * world_size
+    meshes: list[dict] = [{} for _ in range(world_size)]
+
+    def rank_thread(rank: int) -> None:
+        dist.init_process_group("threaded", rank=rank, world_size=world_size, store=store)
+        try:
+            ctx = RankContext(rank=rank, world_size=world_size, backend="threaded",
+                              device=device_for("threaded", rank), mode="thread",
+                              _meshes=meshes[rank])
+            answers[rank] = execute(task, ctx, on_failure=mtpg.ProcessLocalGroup.exception_handle)
+        finally:
+            if dist.distributed_c10d._world is world:
+                dist.destroy_process_group()
+
+    threads = [threading.Thread(target=rank_thread, args=(r,), name=f"shardcheck-rank{r}",
+                                daemon=True) for r in range(world_size)]
+    for t in threads:
+        t.start()
+
+    def poll(pending: set[int], wait_s: float) -> dict[int, RankResult]:
+        """The ranks whose thread ended (the poll of `wait_for_ranks`)."""
+        live = next((threads[r] for r in pending if threads[r].is_alive()), None)
+        if live is not None:
+            live.join(min(wait_s, 0.01))
+        return {r: answers[r] if answers[r] is not None else no_result(r)
+                for r in pending if not threads[r].is_alive()}
+
+    results, pending = wait_for_ranks(world_size, timeout, poll)
+    for res in results.values():
+        if "Test termination event" in res.message:
+            res.stopped = True  # woken out of a collective by the failing rank
+    finished = dict(results)  # what arrives after this point is the harness stopping ranks
+    for r in pending:
+        results[r] = unfinished(r, thread_stack(threads[r]), finished, timeout, label=" (thread)")
+    if pending:
+        mtpg.ProcessLocalGroup.exception_handle(TimeoutError("shardcheck: test stopped"))
+        for t in threads:
+            t.join(0.5)
+    return [results[r] for r in range(world_size)]

@@ -10,7 +10,7 @@ from harness.task import RankResult
 
 @dataclass
 class Verdict:
-    outcome: str  # passed | failed | skipped
+    outcome: str  # one of vocabulary.OUTCOMES
     message: str
     results: list[RankResult]
 
@@ -32,21 +32,6 @@ def summary_line(message: str) -> str:
     if lines[0].startswith("Traceback"):  # the exception line ends the indented frames
         return next((line for line in lines[1:] if not line[0].isspace()), lines[-1]).strip()
     return lines[0].strip()
-
-
-def trim_stack(text: str) -> str:
-    """faulthandler's dump, minus the harness's own threads and the frames below the test body."""
-    blocks = []
-    for block in text.strip().split("\n\n"):
-        if "in watchdog" in block:
-            continue
-        kept = []
-        for line in block.splitlines():
-            if "/harness/task.py" in line:
-                break
-            kept.append(line)
-        blocks.append("\n".join(kept))
-    return "\n\n".join(blocks) or text
 
 
 def root_first(result: RankResult) -> tuple:
@@ -85,3 +70,8 @@ def decide(results: list[RankResult]) -> Verdict:
         detail = ", ".join(f"rank {r.rank} skipped ({r.message})" for r in skipped)
         return Verdict("failed", f"ranks disagree: {detail}; the others passed", results)
     return Verdict("passed", "", results)
+
+
+def not_started(error: BaseException) -> Verdict:
+    """The verdict of a test whose ranks could not be started (no rank ran the body)."""
+    return Verdict("failed", f"could not start the ranks: {error}", [])

@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 
+from harness.output import output_path
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -57,7 +59,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     # Everything the rank prints (Python, C++ aborts, gloo) goes to its own file: the parent shows
     # a failed rank's output from that test, also when the rank died (nothing lost in a crash).
-    output = os.open(stack_path.replace("stacks-", "output-"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    output = os.open(output_path(stack_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(output, 1)
     os.dup2(output, 2)
     # (pytest's capture may have replaced sys.stdout/err in the parent we were forked from)
@@ -68,8 +70,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     import torch
     import torch.distributed as dist
 
-    from harness.backends import device_for
     from harness.context import RankContext
+    from harness.devices import device_for
     from harness.task import execute, reset_process_state
 
     # One intra-op thread per rank: ranks already share the cores, and a forked child must never
