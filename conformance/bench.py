@@ -46,7 +46,7 @@ BY_FUNCTION = {
 }
 
 
-RANKS_RUNNING = ("_gather", "run_threads")  # the parent's frames while a test's ranks run
+RANKS_RUNNING = ("wait_for_ranks", "run_threads")  # the parent's frames while a test's ranks run
 
 
 def _frames(frame) -> list:
