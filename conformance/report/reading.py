@@ -56,6 +56,19 @@ def upgrade(report):
     return report
 
 
+@cache
+def _cell_validator():
+    """Version 2's cell: what a stream's `cell` line holds (the writer streams full cells)."""
+    defs = json.loads(SCHEMAS[2].read_text())["$defs"]
+    return jsonschema.Draft202012Validator({"$defs": defs, "$ref": "#/$defs/cell"})
+
+
+def cell_problem(cell) -> str | None:
+    """Why a streamed cell is not one (one line), or None."""
+    error = jsonschema.exceptions.best_match(_cell_validator().iter_errors(cell))
+    return None if error is None else f"{error.json_path}: {' '.join(error.message.split())[:200]}"
+
+
 def _references(report: dict) -> str | None:
     """The first index of a version 3 report's rows or cases that points past its table."""
     tables = {"case": "cases", "impl": "implementations", "text": "texts", "tolerances": "tolerances",

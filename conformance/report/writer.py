@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from conformance.protocol.outcomes import outcome_of
-from conformance.report import compact, coverage, texts
+from conformance.report import compact, coverage, reading, texts
 from conformance.report.reading import SCHEMA_VERSION
 from conformance.report.texts import KNOWN_FAILURE_LIMIT, MESSAGE_LIMIT, bounded
 
@@ -252,8 +252,8 @@ def compose(head: dict, cells: list[dict], full_text: str | None) -> dict:
         fam = summary["by_family"].setdefault(cell["family"], {})
         fam[cell["outcome"]] = fam.get(cell["outcome"], 0) + 1
     kept = [{**cell, "message": report_text(cell)} for cell in cells]
-    return {"schema_version": SCHEMA_VERSION, **{k: head[k] for k in HEAD}, "full_text": full_text,
-            "summary": summary, **compact.encode(kept, head["implementations"], texts.pieces),
+    return {"schema_version": SCHEMA_VERSION, **{k: head[k] for k in HEAD if k in head}, "full_text": full_text,
+            "summary": summary, **compact.encode(kept, head.get("implementations") or [], texts.pieces),
             "cell_columns": list(compact.COLUMNS)}
 
 
@@ -288,6 +288,9 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
             footer = entry
         elif kind == "cell":
             entry.setdefault("layer", coverage.layer_of(entry.get("family", "")))  # a version 1 stream
+            problem = reading.cell_problem(entry)
+            if problem:
+                raise StreamError(f"{lines}: not a shardcheck cell: {problem}")
             prev = cells.get(entry["nodeid"])
             if prev is None or prev["outcome"] == "passed":  # a teardown error overrides a pass
                 cells[entry["nodeid"]] = entry
