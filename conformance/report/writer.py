@@ -288,15 +288,15 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
             footer = entry
         elif kind == "cell":
             entry.setdefault("layer", coverage.layer_of(entry.get("family", "")))  # a version 1 stream
-            problem = reading.cell_problem(entry)
-            if problem:
-                raise StreamError(f"{lines}: not a shardcheck cell: {problem}")
             prev = cells.get(entry["nodeid"])
             if prev is None or prev["outcome"] == "passed":  # a teardown error overrides a pass
                 cells[entry["nodeid"]] = entry
     if header is None:
         raise StreamError(f"{lines}: not a shardcheck stream: "
                           + ("empty" if not text.strip() else "no header line (a run writes one first)"))
+    problem = next(filter(None, map(reading.cell_problem, cells.values())), None)
+    if problem:
+        raise StreamError(f"{lines}: not a shardcheck cell: {problem}")
     if footer:
         finished = dt.datetime.fromisoformat(footer["finished"])
     else:
