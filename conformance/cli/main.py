@@ -19,6 +19,11 @@ started together never share a file.
 
 rebuilds the report from the cells a run streamed, e.g. after a crash (`complete: false`).
 
+    shardcheck report upgrade REPORT.json [-o OUT.json]
+
+rewrites a report of an earlier schema version as the current one (in place by default) and says
+its size before and after.
+
     shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html]
     shardcheck diff OLD NEW
     shardcheck simulate --impl NAME --world-size N --model PRESET
@@ -132,6 +137,30 @@ def _report_assemble(args) -> int:
     return 0
 
 
+def _report_upgrade(args) -> int:
+    from conformance.report import writer as reporting
+    from conformance.report.reading import ReportError, load
+
+    source, out = Path(args.report), Path(args.output or args.report)
+    try:
+        report = load(source)
+    except ReportError as exc:
+        print(f"shardcheck: {exc}", file=sys.stderr)
+        return 2
+    stream = reporting.stream_path(source)
+    full_text = os.path.relpath(stream.absolute(), out.absolute().parent) if stream.is_file() else None
+    before = source.stat().st_size
+    problem = reporting.unwritable(out, stream=False)
+    if problem:
+        print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
+        return 2
+    reporting.write(reporting.rewrite(report, full_text), out)
+    after = out.stat().st_size
+    print(f"shardcheck: {source} (schema version {report['schema_version']}, {before:,} bytes) written as "
+          f"version {reporting.SCHEMA_VERSION} to {out} ({after:,} bytes, {after / before:.1%})")
+    return 0
+
+
 def _impl_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("empty implementation name (e.g. --impl torch-fsdp2)")
@@ -221,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   "(an interrupted run's is marked complete: false)")
     assemble.add_argument("jsonl", metavar="JSONL", help="the cells streamed by a run (REPORT.jsonl)")
     assemble.add_argument("-o", "--output", help="report path (default: JSONL without its final 'l')")
+    upgrade = report.add_parser("upgrade", help="rewrite a report of an earlier schema version as the current "
+                                                "one; prints its size before and after")
+    upgrade.add_argument("report", metavar="REPORT", help="the JSON report (any version this shardcheck reads)")
+    upgrade.add_argument("-o", "--output", help="where to write it (default: over REPORT)")
     _add_matrix_and_diff(sub)
     from conformance.simulate import command as simulate_command
     simulate_command.add_parser(sub)
@@ -233,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         if extra or passthrough:
             parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
-        return _report_assemble(args)
+        return _report_assemble(args) if args.report_command == "assemble" else _report_upgrade(args)
     if args.command == "simulate":
         return _simulate(args, extra + passthrough)
     return _run(args, extra + passthrough)

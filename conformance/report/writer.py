@@ -12,7 +12,9 @@ everything a cell needs travels in `report.user_properties` (JSON-able values on
 The writer holds an exclusive lock (fcntl.flock) on the JSON-lines file for the whole session: a
 second run given the same report path stops with a usage error before any cell runs, instead of
 mixing its cells into the first run's stream. A report path that is a directory or cannot be
-written is a usage error too. A cell's `message` keeps at most MESSAGE_LIMIT characters.
+written is a usage error too. A streamed cell's `message` keeps at most MESSAGE_LIMIT characters; the
+report keeps it trimmed (conformance.report.texts) and says in `full_text` which stream has it whole.
+The report is schema version 3 (conformance.report.compact: cells as short rows).
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ import pytest
 import torch
 
 from conformance.protocol.outcomes import outcome_of
-from conformance.report import coverage
+from conformance.report import compact, coverage, reading, texts
 from conformance.report.reading import SCHEMA_VERSION
+from conformance.report.texts import KNOWN_FAILURE_LIMIT, MESSAGE_LIMIT, bounded
 
-MESSAGE_LIMIT = 64 * 1024  # characters of a cell's message kept in the report (head and tail)
-KNOWN_FAILURE_LIMIT = 2 * 1024  # an xfailed cell's: its expectation carries the reason and repro
+HEAD = ("suite", "started", "implementations", "target", "finished", "duration_s", "complete", "exit_status")
 PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
 SUITE_VERSION = "0.1.0"
 RECORDED_ENV = ("SHARDCHECK_BACKEND", "SHARDCHECK_IMPL", "SHARDCHECK_LAUNCH", "CUDA_VISIBLE_DEVICES",
@@ -77,23 +79,11 @@ def family_of(nodeid: str) -> str:
     return family_of_file(Path(nodeid.split("::")[0]).stem)
 
 
-def bounded(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """`text` if it fits in `limit` characters, else its head and tail around a marker."""
-    if len(text) <= limit:
-        return text
-    marker = f"\n[... {{}} characters cut by shardcheck ...]\n"
-    keep = limit - len(marker.format(len(text)))
-    head = keep * 3 // 4
-    return text[:head] + marker.format(len(text) - keep) + text[len(text) - (keep - head):]
-
-
 def _message(report, outcome: str) -> str:
     """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise; bounded."""
     if outcome in ("skipped", "unsupported") and isinstance(report.longrepr, tuple):
         return bounded(str(report.longrepr[2]).removeprefix("Skipped: "))
-    if outcome == "xfailed":
-        return bounded(report.longreprtext, KNOWN_FAILURE_LIMIT)
-    return bounded(report.longreprtext) if outcome in ("failed", "error") else ""
+    return bounded(report.longreprtext) if outcome in ("failed", "error", "xfailed") else ""
 
 
 class StreamError(ValueError):
@@ -230,7 +220,7 @@ class ReportWriter:
         self._append({"kind": "footer", "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
                       "exit_status": int(exitstatus), "interrupted": stopped})
         try:
-            write(assemble(self.lines), self.path)
+            write(assemble(self.lines, self.path), self.path)
         finally:
             self.stream.close()  # releases the lock
 
@@ -247,10 +237,36 @@ def pytest_runtest_makereport(item, call):
     rep.user_properties.append((PARAMS_PROPERTY, {k: _jsonable(v) for k, v in params.items()}))
 
 
-def assemble(lines: Path) -> dict:
+def report_text(cell: dict) -> str:
+    """What the report keeps of a cell's message: trimmed (conformance.report.texts), an xfailed
+    cell's blocks bounded to KNOWN_FAILURE_LIMIT (its expectation carries the reason and repro)."""
+    return texts.trim(cell["message"], KNOWN_FAILURE_LIMIT if cell["outcome"] == "xfailed" else MESSAGE_LIMIT)
+
+
+def compose(head: dict, cells: list[dict], full_text: str | None) -> dict:
+    """The version 3 report: `head`'s HEAD fields, the summary, and the cells (full, as streamed)
+    as rows (conformance.report.compact), their texts trimmed."""
+    summary: dict = {"by_outcome": {}, "by_family": {}, "by_impl": coverage.by_impl(cells)}
+    for cell in cells:
+        summary["by_outcome"][cell["outcome"]] = summary["by_outcome"].get(cell["outcome"], 0) + 1
+        fam = summary["by_family"].setdefault(cell["family"], {})
+        fam[cell["outcome"]] = fam.get(cell["outcome"], 0) + 1
+    kept = [{**cell, "message": report_text(cell)} for cell in cells]
+    return {"schema_version": SCHEMA_VERSION, **{k: head[k] for k in HEAD if k in head}, "full_text": full_text,
+            "summary": summary, **compact.encode(kept, head.get("implementations") or [], texts.pieces),
+            "cell_columns": list(compact.COLUMNS)}
+
+
+def rewrite(report: dict, full_text: str | None) -> dict:
+    """A report as `reading.load` gives it (any version) as the version the writer writes."""
+    return compose(report, report["cells"], full_text)
+
+
+def assemble(lines: Path, report: Path | None = None) -> dict:
     """The report from a JSON-lines file; `complete` only when the session wrote its footer, was not
     stopped early (-x, Ctrl-C) and no line was cut short. A killed run's `finished` is the time of
-    its last line, its `exit_status` null."""
+    its last line, its `exit_status` null. `full_text` names `lines` from the folder of `report`
+    (default: beside it)."""
     header, footer, cells, torn = None, None, {}, False
     try:
         text = lines.read_text(encoding="utf-8")
@@ -278,25 +294,24 @@ def assemble(lines: Path) -> dict:
     if header is None:
         raise StreamError(f"{lines}: not a shardcheck stream: "
                           + ("empty" if not text.strip() else "no header line (a run writes one first)"))
+    problem = next(filter(None, map(reading.cell_problem, cells.values())), None)
+    if problem:
+        raise StreamError(f"{lines}: not a shardcheck cell: {problem}")
     if footer:
         finished = dt.datetime.fromisoformat(footer["finished"])
     else:
         finished = dt.datetime.fromtimestamp(lines.stat().st_mtime, dt.timezone.utc)
     started = dt.datetime.fromisoformat(header.get("started", finished.isoformat()))
-    summary: dict = {"by_outcome": {}, "by_family": {}, "by_impl": coverage.by_impl(cells.values())}
-    for cell in cells.values():
-        summary["by_outcome"][cell["outcome"]] = summary["by_outcome"].get(cell["outcome"], 0) + 1
-        fam = summary["by_family"].setdefault(cell["family"], {})
-        fam[cell["outcome"]] = fam.get(cell["outcome"], 0) + 1
-    return {**header, "schema_version": SCHEMA_VERSION, "finished": finished.isoformat(), "duration_s": (finished - started).total_seconds(),
+    head = {**header, "finished": finished.isoformat(), "duration_s": (finished - started).total_seconds(),
             "complete": footer is not None and not footer.get("interrupted") and not torn,
-            "exit_status": footer["exit_status"] if footer else None,
-            "summary": summary, "cells": list(cells.values())}
+            "exit_status": footer["exit_status"] if footer else None}
+    folder = (report or lines).absolute().parent
+    return compose(head, list(cells.values()), os.path.relpath(lines.absolute(), folder))
 
 
 def write(report: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    path.write_text(compact.dump_report(report))
 
 
 def _git_revision() -> str | None:

@@ -10,7 +10,7 @@ import torch
 
 from conformance.report.writer import SUITE_VERSION
 
-SCHEMA_VERSION = 1  # of the simulate report (its own format, not the conformance report's)
+FORMAT_VERSION = 1  # of the simulate report: its own format, not the conformance report's schema_version
 
 from . import verdicts
 from .expected import expected_row, units_of
@@ -76,7 +76,7 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
                 for i, r in enumerate(ranks)]
     cells = [c for r in per_rank for c in r["cells"]]
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": FORMAT_VERSION,
         "suite": {"name": "shardcheck", "version": SUITE_VERSION, "mode": "simulate"},
         "started": dt.datetime.now().isoformat(timespec="seconds"),
         "target": {"implementation": impl, "world_size": world_size, "ranks": ranks, "model": model,

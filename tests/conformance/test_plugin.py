@@ -1,10 +1,11 @@
 """The conformance plugin's promises: implementation selection, unsupported is never a pass,
 expectations manifests are strict, and the JSON report records every cell."""
 
-import json
 import subprocess
 import sys
 import textwrap
+
+from conformance.report import reading
 
 ADAPTER = '''
 import torch
@@ -60,11 +61,11 @@ def test_unsupported_is_its_own_status_and_known_failures_are_xfails(tmp_path):
     code, out = _session(tmp_path, KNOWN, "--shardcheck-report", "r.json")
     assert code == 0, out
     assert "1 passed, 1 xfailed, 2 unsupported" in out
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = reading.load(tmp_path / "r.json")
     outcomes = {c["check"] + str(c["params"].get("x", "")): c["outcome"] for c in report["cells"]}
     assert outcomes == {"test_supported1": "passed", "test_supported2": "xfailed",
                         "test_needs_offload": "unsupported", "test_raises_unsupported_on_ranks": "unsupported"}
-    assert report["complete"] and report["schema_version"] == 2
+    assert report["complete"] and report["schema_version"] == 3
     assert report["implementations"][0]["name"] == "fake"
     cell = next(c for c in report["cells"] if c["params"].get("x") == 1)
     assert cell["max_abs_err"] == 0.1 and cell["tolerances"] == [[1e-6, 1e-5]]

@@ -16,6 +16,7 @@ import pytest
 
 from conformance.cli import main as cli
 from conformance.report import coverage, diff, matrix, reading
+from conformance.report import writer as reporting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,26 +54,34 @@ def _report(cells, backends=("gloo",)):
             "summary": {"by_outcome": {}, "by_family": {}}, "cells": cells}
 
 
-def _write(tmp_path, name, report):
+def _write(tmp_path, name, report, version=1):
+    """`report` (version 1) written as `version`: 2 upgraded, 3 as the writer writes it."""
     path = tmp_path / name
-    path.write_text(json.dumps(report))
+    if version == 3:
+        reporting.write(reporting.rewrite(reading.upgrade(report), None), path)
+    else:
+        path.write_text(json.dumps(reading.upgrade(report) if version == 2 else report))
     return str(path)
 
 
 # ---- schema -----------------------------------------------------------------------------------
 
-def test_schema_is_draft_2020_12_and_versioned():
-    schema = json.loads(matrix.SCHEMA.read_text())
+@pytest.mark.parametrize("version", [2, 3])
+def test_schema_is_draft_2020_12_and_versioned(version):
+    schema = json.loads(reading.SCHEMAS[version].read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["properties"]["schema_version"] == {"const": 2}
+    assert schema["$id"].endswith(f"/v{version}.json")
+    assert schema["properties"]["schema_version"] == {"const": version}
+    assert reading.SCHEMAS[reading.SCHEMA_VERSION] == matrix.SCHEMA
 
 
 def test_a_real_report_validates(real_report):
     jsonschema.validate(real_report, json.loads(matrix.SCHEMA.read_text()),
                         cls=jsonschema.Draft202012Validator)
     assert matrix.validate(real_report) is None
-    assert {c["outcome"] for c in real_report["cells"]} == {"passed"} and len(real_report["cells"]) == 3
+    assert real_report["full_text"] == "r.jsonl" and len(real_report["cells"]) == 3
+    assert {c["outcome"] for c in reading.expand(real_report)["cells"]} == {"passed"}
 
 
 def test_hand_made_reports_are_valid():
@@ -92,14 +101,16 @@ def _set(path, value):
 
 
 @pytest.mark.parametrize("mutate, where", [
-    (_set(("cells", 0, "outcome"), "exploded"), "$.cells[0].outcome"),
-    (_set(("cells", 0, "message"), KeyError), "$.cells[0]"),
+    (_set(("cells", 0, 2), "exploded"), "$.cells[0][2]"),
+    (_set(("cells", 0), [0, 0]), "$.cells[0]"),
     (_set(("target", "env", "AWS_SECRET_ACCESS_KEY"), "x"), "$.target.env"),
     (_set(("summary", "by_outcome", "passed"), "3"), "$.summary.by_outcome.passed"),
     (_set(("started",), KeyError), "$"),
-    (_set(("cells", 0, "surprise"), 1), "$.cells[0]"),
-], ids=["bad-outcome", "missing-cell-field", "unlisted-env-variable", "count-not-int",
-        "missing-top-field", "unknown-field"])
+    (_set(("cells", 0), [0, 0, "passed", 0.1, None, None, 2, None, None, None, None, None, "surprise"]),
+     "$.cells[0]"),
+    (_set(("full_text",), KeyError), "$"),
+], ids=["bad-outcome", "short-row", "unlisted-env-variable", "count-not-int",
+        "missing-top-field", "unknown-column", "no-full-text-field"])
 def test_a_mutated_report_fails_validation(real_report, mutate, where):
     report = copy.deepcopy(real_report)
     mutate(report)
@@ -109,11 +120,11 @@ def test_a_mutated_report_fails_validation(real_report, mutate, where):
 
 
 def test_another_schema_version_is_one_clear_line(tmp_path, capsys):
-    path = _write(tmp_path, "v3.json", {**_report([]), "schema_version": 3})
+    path = _write(tmp_path, "v4.json", {**_report([]), "schema_version": 4})
     assert cli.main(["matrix", path]) == 2
     err = capsys.readouterr().err
-    assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 3; this shardcheck reads "
-                   "versions 1, 2\n")
+    assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 4; this shardcheck reads "
+                   "versions 1, 2, 3\n")
 
 
 def test_a_version_1_report_is_read_as_version_2(real_report):
@@ -124,7 +135,8 @@ def test_a_version_1_report_is_read_as_version_2(real_report):
     assert report["summary"]["by_impl"]["a"]["behaviour"] == {"collected": 1, "reached": 0, "passed": 0,
                                                              "coverage": 0.0, "conformance": None}
     assert matrix.validate(report) is None and matrix.validate(v1) is None
-    assert real_report["schema_version"] == 2 and {c["layer"] for c in real_report["cells"]} == {"api"}
+    assert real_report["schema_version"] == 3
+    assert {c["layer"] for c in reading.expand(real_report)["cells"]} == {"api"}
     assert real_report["summary"]["by_impl"]["reference"]["api"]["coverage"] == 100.0
 
 
@@ -139,7 +151,7 @@ def test_unreadable_or_invalid_input_is_one_clear_line(tmp_path, capsys):
 
 # ---- matrix -----------------------------------------------------------------------------------
 
-def _two_runs(tmp_path):
+def _two_runs(tmp_path, version=1):
     ref = _report([_cell("reference", f"test_c{i}", "passed") for i in range(4)]
                   + [_cell("reference", "test_h", "passed", family="comm_hooks")])
     fsdp = _report([_cell("torch-fsdp2", "test_c0", "passed"), _cell("torch-fsdp2", "test_c1", "xfailed"),
@@ -148,7 +160,7 @@ def _two_runs(tmp_path):
                           message="def test_h(ctx):\n>   assert_close(...)\n"
                                   "E   AssertionError: grads: 2 mismatch(es)\nE   more"),
                     _cell("torch-fsdp2", "test_h2", "error", family="comm_hooks", message="rank 1 died: SIGSEGV")])
-    return _write(tmp_path, "ref.json", ref), _write(tmp_path, "fsdp.json", fsdp)
+    return _write(tmp_path, "ref.json", ref, version), _write(tmp_path, "fsdp.json", fsdp, version)
 
 
 def test_rates_leave_out_unsupported_and_skipped_and_count_xfailed_as_not_passed(tmp_path):
@@ -161,8 +173,9 @@ def test_rates_leave_out_unsupported_and_skipped_and_count_xfailed_as_not_passed
     assert matrix.rate(counts["all", "torch-fsdp2"]) == 25.0
 
 
-def test_matrix_markdown_on_stdout(tmp_path, capsys):
-    assert cli.main(["matrix", *_two_runs(tmp_path)]) == 0
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_matrix_markdown_on_stdout(tmp_path, capsys, version):
+    assert cli.main(["matrix", *_two_runs(tmp_path, version)]) == 0
     out = capsys.readouterr().out
     assert "| family | reference | torch-fsdp2 |" in out
     assert "| reference | api | **100.0% (5/5)** | 100.0% (5/5) | 5 passed |" in out
@@ -247,14 +260,14 @@ def test_matrix_html_renders_in_a_headless_browser(tmp_path):
 
 # ---- diff -------------------------------------------------------------------------------------
 
-def _old_new(tmp_path):
+def _old_new(tmp_path, old_version=1, new_version=1):
     old = _report([_cell("a", "test_keep", "passed"), _cell("a", "test_breaks", "passed"),
                    _cell("a", "test_known", "xfailed"), _cell("a", "test_fixed", "failed"),
                    _cell("a", "test_dropped_cap", "passed"), _cell("a", "test_gone", "passed")])
     new = _report([_cell("a", "test_keep", "passed"), _cell("a", "test_breaks", "failed", message="E   boom"),
                    _cell("a", "test_known", "error", message="rank 0 hung"), _cell("a", "test_fixed", "passed"),
                    _cell("a", "test_dropped_cap", "unsupported"), _cell("a", "test_new", "failed")])
-    return _write(tmp_path, "old.json", old), _write(tmp_path, "new.json", new)
+    return _write(tmp_path, "old.json", old, old_version), _write(tmp_path, "new.json", new, new_version)
 
 
 def test_diff_buckets_every_change(tmp_path):
@@ -268,9 +281,10 @@ def test_diff_buckets_every_change(tmp_path):
                        ("vanished", "test_gone", "passed", None)}
 
 
-def test_diff_exits_1_on_a_regression_and_prints_the_table(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("old_version, new_version", [(1, 1), (2, 3), (3, 2), (3, 3)])
+def test_diff_exits_1_on_a_regression_and_prints_the_table(tmp_path, capsys, monkeypatch, old_version, new_version):
     monkeypatch.setenv("COLUMNS", "200")
-    assert cli.main(["diff", *_old_new(tmp_path)]) == 1
+    assert cli.main(["diff", *_old_new(tmp_path, old_version, new_version)]) == 1
     out = capsys.readouterr().out
     assert "test_clip_grad.py::test_breaks[ws2-FULL_SHARD]" in out and "boom" in out
     assert out.rstrip().endswith("2 regressed, 1 fixed, 1 changed, 1 appeared, 1 vanished")

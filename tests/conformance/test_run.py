@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from conformance.cli import main as cli
+from conformance.report import reading
 from conformance.report import writer as reporting
 from conformance.cli.progress import RunProgress
 
@@ -48,7 +49,7 @@ def test_failed_cell_fails_the_run_and_xdist_workers_make_one_report(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.jsonl"]  # no per-worker report
     kinds = [entry["kind"] for entry in _lines(tmp_path / "x.jsonl")]
     assert kinds == ["header", "cell", "cell", "footer"]  # both workers' cells, streamed by the controller
-    report = json.loads(out.read_text())
+    report = reading.load(out)
     cells = {c["check"]: c for c in report["cells"]}
     assert {c: cells[c]["outcome"] for c in cells} == {"test_default_communication_hook_behavior": "passed",
                                                       "test_custom_hook_called": "failed"}
@@ -59,6 +60,9 @@ def test_failed_cell_fails_the_run_and_xdist_workers_make_one_report(tmp_path):
     assert hooked["rank_outcomes"] == {"0": "failed", "1": "failed"}
     assert "hook called 0 times" in hooked["message"]
     assert report["complete"] and report["exit_status"] == 1
+    assert report["full_text"] == "x.jsonl"  # the untrimmed text: the streamed cell's message
+    [streamed] = [e for e in _lines(tmp_path / "x.jsonl") if e.get("check") == "test_custom_hook_called"]
+    assert "hook called 0 times" in streamed["message"] and len(streamed["message"]) >= len(hooked["message"])
 
 
 def test_killed_run_is_assembled_from_its_stream(tmp_path):
@@ -84,7 +88,7 @@ def test_killed_run_is_assembled_from_its_stream(tmp_path):
     streamed = [e for e in _lines(stream) if e["kind"] == "cell"]
 
     assert cli.main(["report", "assemble", str(stream)]) == 0
-    report = json.loads(out.read_text())
+    report = reading.load(out)
     assert report["complete"] is False and report["exit_status"] is None
     assert [c["nodeid"] for c in report["cells"]] == [c["nodeid"] for c in streamed]
     assert report["implementations"][0]["name"] == "reference"
