@@ -34,6 +34,8 @@ import time
 
 import pytest
 
+from conformance.report import reading
+
 INTERVAL_S = 0.01
 SAMPLER = pytest.StashKey()
 CATEGORIES = ("harness", "build", "train", "compare", "other", "reporting")
@@ -186,8 +188,7 @@ def run_matrix(backend: str, args) -> dict:
         if not os.path.exists(report):
             raise SystemExit(f"conformance.bench: the {backend} run wrote no report (exit {proc.returncode}): "
                              f"{proc.stderr.strip().splitlines()[-1:]}")
-        with open(report) as f:
-            cells = json.load(f)["cells"]
+        cells = reading.load(report)["cells"]
         return {"backend": backend, "exit_status": proc.returncode, "wall_s": round(wall, 2),
                 "user_s": round(after.ru_utime - before.ru_utime, 2),
                 "sys_s": round(after.ru_stime - before.ru_stime, 2), "cells": len(cells),
