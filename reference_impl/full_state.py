@@ -30,7 +30,7 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
         for u in units(model):
             if not u.params:
                 continue
-            _, fulls = u.all_gather(param_dtype=u.params[0].shard.dtype)
+            fulls = u.all_gather(param_dtype=u.params[0].shard.dtype)
             params = [nn.Parameter(f, requires_grad=sp.shard.requires_grad) for f, sp in zip(fulls, u.params)]
             for p in params:
                 p._full_view = True  # not a shard: units() must not adopt it

@@ -13,11 +13,11 @@ parameters lives through one training step like this:
 3. **used**: the full tensors are put on the modules in place of the shards, and the module's own
    forward runs unchanged.
 4. **freed** (:func:`after_forward`): the shards go back on the modules.  FULL_SHARD and
-   HYBRID_SHARD drop the gathered buffer: whatever autograd saved of it for backward was packed
-   as ``(size, stride, offset)`` into that buffer instead (:meth:`Unit.pack_for_backward`).
-   SHARD_GRAD_OP keeps the buffer until the unit's backward; NO_SHARD never shards.
+   HYBRID_SHARD drop the full tensors: whatever autograd saved of them for backward was packed
+   as ``(which parameter, size, stride, offset)`` instead (:meth:`Unit.pack_for_backward`).
+   SHARD_GRAD_OP keeps them until the unit's backward; NO_SHARD never shards.
 5. **re-gathered for backward** (:meth:`Unit.unpack_for_backward`): the first backward use of a
-   packed view all-gathers the unit again (once) and cuts the view out of the new buffer.
+   packed view all-gathers the unit again (once) and cuts the view out of the new full tensor.
 6. **gradients reduce-scattered and averaged** (:meth:`AllGather.backward`): the adjoint of an
    all-gather is a reduce-scatter, so the full gradients ``g_q`` of every rank ``q`` become
    ``shard_r.grad += (1/W_dp) * sum_q g_q[rows of r]`` (collectives.average_gradient: the mean
@@ -49,8 +49,10 @@ class ShardedParam:
 
 
 class SavedView(NamedTuple):
-    """What autograd keeps, after forward, of a tensor saved from the unit's gathered buffer."""
+    """What autograd keeps, after forward, of a tensor it saved that is (a view of) the unit's
+    full parameter ``index``: enough to cut the same view out of it once it is re-gathered."""
 
+    index: int
     size: torch.Size
     stride: tuple
     offset: int
@@ -73,7 +75,6 @@ class Unit:
     comm_hook: Any = None
     comm_hook_state: Any = None
     full: Optional[list[torch.Tensor]] = None  # the full parameters while gathered
-    flat: Optional[torch.Tensor] = None  # the gathered buffer the plain full parameters are views of
     originals: dict = field(default_factory=dict)  # id -> weakref of the replaced unsharded params
     saved_scope: Optional[contextlib.ExitStack] = None  # the forward's saved-tensors hooks
 
@@ -98,14 +99,13 @@ class Unit:
         return self.strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD) and self.shard_size > 1
 
     # -- 2. gather ----------------------------------------------------------------------------
-    def all_gather(self, param_dtype: Optional[torch.dtype] = None) -> tuple[Optional[torch.Tensor], list[torch.Tensor]]:
-        """``(flat, fulls)``: the full tensors of all owned parameters in ``param_dtype`` (default:
-        the compute dtype).  Plain parameters travel in one ``all_gather_single`` of the flat padded
-        layout and are views of ``flat``; a parameter with all-gather extensions goes through its
-        hooks."""
+    def all_gather(self, param_dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
+        """The full tensors of all owned parameters, in ``param_dtype`` (default: the compute dtype).
+
+        Plain parameters travel in one ``all_gather_single`` of the flat padded layout; a parameter
+        with all-gather extensions goes through its hooks."""
         fulls: list[Optional[torch.Tensor]] = [None] * len(self.params)
         plain = [i for i, p in enumerate(self.params) if not has_extension(p.shard)]
-        flat = None
         if plain:
             dtype = param_dtype or compute_dtype(self.mp, self.params[plain[0]].shard.dtype)
             slots = [self.params[i].slot for i in plain]
@@ -120,7 +120,7 @@ class Unit:
                     p.shard, p.slot, self.shard_group, device=self.device,
                     param_dtype=param_dtype or compute_dtype(self.mp, p.shard.dtype),
                     mesh=self.mesh, module=self.module, mp_policy=self.mp or MixedPrecision())
-        return flat, fulls
+        return fulls
 
     def unshard(self, differentiable: bool) -> list[torch.Tensor]:
         """All-gather the unit; through :class:`AllGather` when gradients must flow to the shards."""
@@ -130,12 +130,12 @@ class Unit:
             self.full = list(AllGather.apply(self, *shards))
         else:
             with torch.no_grad():
-                self.flat, self.full = self.all_gather()
+                self.full = self.all_gather()
         return self.full
 
     def reshard(self) -> None:
         """Drop the full parameters (the shards are the only copy again)."""
-        self.full = self.flat = None
+        self.full = None
 
     # -- 3. use: full tensors on the modules, and back ----------------------------------------
     def set_params(self, tensors) -> None:
@@ -160,27 +160,31 @@ class Unit:
 
     # -- 4./5. free after forward, re-gather in backward --------------------------------------
     def pack_for_backward(self, t: torch.Tensor):
-        """saved_tensors_hooks pack: a view of the gathered buffer is kept as a :class:`SavedView`
-        (no memory); anything else is kept as is."""
-        flat = self.flat
-        if (flat is None or type(t) is not torch.Tensor or t.is_meta or t.dtype != flat.dtype
-                or t.device != flat.device or t.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr()):
+        """saved_tensors_hooks pack: a (view of a) full parameter of this unit is kept as a
+        :class:`SavedView` of it, which holds no memory; anything else is kept as is."""
+        if self.full is None or type(t) is not torch.Tensor or t.is_meta or t.numel() == 0:
             return t
-        return SavedView(t.size(), t.stride(), t.storage_offset())
+        storage = t.untyped_storage().data_ptr()
+        for i, full in enumerate(self.full):
+            if (type(full) is torch.Tensor and full.dtype == t.dtype and full.device == t.device
+                    and full.untyped_storage().data_ptr() == storage):
+                return SavedView(i, t.size(), t.stride(), t.storage_offset())
+        return t
 
     def unpack_for_backward(self, saved):
-        """saved_tensors_hooks unpack: cut a :class:`SavedView` out of the re-gathered buffer."""
+        """saved_tensors_hooks unpack: the same view of the re-gathered full parameter."""
         if isinstance(saved, SavedView):
-            return self.full_for_backward().as_strided(saved.size, saved.stride, saved.offset)
+            full = self.full_for_backward()[saved.index]
+            return full.as_strided(saved.size, saved.stride, saved.offset)
         return saved
 
-    def full_for_backward(self) -> torch.Tensor:
-        """The gathered buffer, all-gathered again if it was freed (once per backward: the unit's
-        :meth:`AllGather.backward` frees it after its last use)."""
-        if self.flat is None:
+    def full_for_backward(self) -> list[torch.Tensor]:
+        """The full parameters, all-gathered again if they were freed (once per backward: the
+        unit's :meth:`AllGather.backward` frees them after their last use)."""
+        if self.full is None:
             with torch.no_grad():
-                self.flat, self.full = self.all_gather()
-        return self.flat
+                self.full = self.all_gather()
+        return self.full
 
     # -- 6. gradients -------------------------------------------------------------------------
     def communicate(self, flat: torch.Tensor) -> torch.Tensor:
@@ -249,7 +253,7 @@ class AllGather(torch.autograd.Function):
     def forward(ctx, unit: Unit, *shards):
         ctx.unit = unit
         ctx.set_materialize_grads(False)
-        unit.flat, fulls = unit.all_gather()
+        fulls = unit.all_gather()
         ctx.mark_non_differentiable(*[f for f, s in zip(fulls, shards) if not s.requires_grad])
         return tuple(fulls)
 

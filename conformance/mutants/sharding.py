@@ -114,12 +114,12 @@ class StaleRegather(MutantAdapter):
 
         def full_for_backward(self):
             stale = self.__dict__.get("_mutant_stale")
-            if self.flat is None and stale is not None:
-                self.flat = stale  # the bug: no all-gather, last step's buffer
-                return self.flat
-            flat = original(self)
-            self.__dict__.setdefault("_mutant_stale", flat)
-            return flat
+            if self.full is None and stale is not None:
+                self.full = stale  # the bug: no all-gather, last step's buffers
+                return self.full
+            full = original(self)
+            self.__dict__.setdefault("_mutant_stale", full)
+            return full
 
         replace(Unit, "full_for_backward", full_for_backward)
 
