@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import collectives as C
-from .sharding import Unit, set_param, units
+from .sharding import Unit, units
 
 
 @contextlib.contextmanager

@@ -48,6 +48,103 @@ class ShardedParam:
     extension: Optional[ExtensionGather] = None  # state of fsdp_pre/post_all_gather, once used
 
 
+# -- 1. shard ---------------------------------------------------------------------------------
+def shard(
+    module: nn.Module,
+    *,
+    mesh=None,
+    process_group=None,
+    strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD,
+    mixed_precision: Optional[MixedPrecision] = None,
+    offload: bool = False,
+) -> nn.Module:
+    """Make ``module`` a sharded unit (in place; returns it).  Shard sub-modules first, root last.
+
+    ``offload=True`` keeps shards and their gradients on the CPU and copies shards to the compute
+    device (``mesh.device_type``) for each all-gather.
+    """
+    if unit_of(module) is not None:
+        raise ValueError("module is already sharded")
+    shard_group, replicate_group, dp_group = groups_of(strategy, mesh, process_group)
+    owned = list(dict.fromkeys(_owned_modules(module)))
+    sub_units = [u for m in module.modules() if (u := unit_of(m)) is not None]
+    uses: dict[nn.Parameter, list] = {}
+    for m in owned:
+        for name, p in m._parameters.items():
+            if p is not None:
+                if any(_was_replaced_by(u, p) for u in sub_units):
+                    raise ValueError(f"parameter {name!r} is tied to a parameter of an already-sharded sub-unit; shard their common ancestor only")
+                uses.setdefault(p, []).append((m, name))
+    device = compute_device(mesh, list(uses))
+    sws, srank = C.group_size(shard_group), C.group_rank(shard_group)
+    params = []
+    for orig, where in uses.items():
+        slot = C.Slot.of(orig.shape, sws)
+        params.append(ShardedParam(_shard_param(orig, slot, srank, device, offload, mixed_precision), slot, where))
+    plain_dtypes = {sp.shard.dtype for sp in params if not is_traceable_wrapper_subclass(sp.shard)}
+    if len(plain_dtypes) > 1:
+        raise ValueError(f"a unit's parameters must share one dtype, got {plain_dtypes}")
+    unit = Unit(module, params, strategy, shard_group, replicate_group, dp_group, mesh, mixed_precision, device)
+    unit.originals = {id(orig): weakref.ref(orig) for orig in uses}
+    unit.restore_shards()
+    for m in owned:
+        cast_buffers(m, mixed_precision)
+    for u in sub_units:
+        u.is_root = False
+    module.__dict__["_sharded_unit"] = unit
+    module.register_forward_pre_hook(before_forward, with_kwargs=True)
+    module.register_forward_hook(after_forward, always_call=True)
+    return module
+
+
+def _shard_param(orig: nn.Parameter, slot: C.Slot, rank: int, device, offload: bool, mp) -> nn.Parameter:
+    """A new leaf Parameter holding rows ``slot.local_rows(rank)`` of ``orig`` (on the CPU if
+    ``offload``); its grad may be in ``reduce_dtype`` under ``keep_low_precision_grads``."""
+    with torch.no_grad():
+        local = C.shard_rows(orig.detach(), slot, rank).clone()
+    if not local.is_meta:
+        local = local.cpu() if offload else local.to(device)
+    p = nn.Parameter(local, requires_grad=orig.requires_grad)
+    if grad_dtype(mp, p.dtype) != p.dtype:
+        p.grad_dtype = grad_dtype(mp, p.dtype)
+    return p
+
+
+def _owned_modules(module: nn.Module):
+    """``module`` and its descendants, not descending into already-sharded sub-units."""
+    yield module
+    for child in module.children():
+        if unit_of(child) is None:
+            yield from _owned_modules(child)
+
+
+def _was_replaced_by(unit: Unit, p: nn.Parameter) -> bool:
+    ref = unit.originals.get(id(p))
+    return ref is not None and ref() is p
+
+
+def unit_of(module: nn.Module) -> Optional[Unit]:
+    return module.__dict__.get("_sharded_unit")
+
+
+def units(module: nn.Module, adopt: bool = True) -> list[Unit]:
+    """All units in ``module``'s tree, root first (module order).  Outside forward, ``adopt``
+    first re-reads the shards from the modules (see :meth:`Unit.adopt_module_params`)."""
+    found = [u for m in module.modules() if (u := unit_of(m)) is not None]
+    if adopt:
+        for u in found:
+            u.adopt_module_params()
+    return found
+
+
+def local_shard(param: nn.Parameter) -> nn.Parameter:
+    """The tensor that is all-gathered from: the registered sharded parameter itself.
+
+    Monkey-patch ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` on this object (after
+    ``to_empty()``, which may replace tensor contents)."""
+    return param
+
+
 class SavedView(NamedTuple):
     """What autograd keeps, after forward, of a tensor it saved that is (a view of) the unit's
     full parameter ``index``: enough to cut the same view out of it once it is re-gathered."""
@@ -290,100 +387,3 @@ def after_forward(module: nn.Module, args, output):
     if unit.frees_after_forward or not torch.is_grad_enabled():
         unit.reshard()
     return output
-
-
-# -- 1. shard ---------------------------------------------------------------------------------
-def unit_of(module: nn.Module) -> Optional[Unit]:
-    return module.__dict__.get("_sharded_unit")
-
-
-def units(module: nn.Module, adopt: bool = True) -> list[Unit]:
-    """All units in ``module``'s tree, root first (module order).  Outside forward, ``adopt``
-    first re-reads the shards from the modules (see :meth:`Unit.adopt_module_params`)."""
-    found = [u for m in module.modules() if (u := unit_of(m)) is not None]
-    if adopt:
-        for u in found:
-            u.adopt_module_params()
-    return found
-
-
-def local_shard(param: nn.Parameter) -> nn.Parameter:
-    """The tensor that is all-gathered from: the registered sharded parameter itself.
-
-    Monkey-patch ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` on this object (after
-    ``to_empty()``, which may replace tensor contents)."""
-    return param
-
-
-def _owned_modules(module: nn.Module):
-    """``module`` and its descendants, not descending into already-sharded sub-units."""
-    yield module
-    for child in module.children():
-        if unit_of(child) is None:
-            yield from _owned_modules(child)
-
-
-def _was_replaced_by(unit: Unit, p: nn.Parameter) -> bool:
-    ref = unit.originals.get(id(p))
-    return ref is not None and ref() is p
-
-
-def _shard_param(orig: nn.Parameter, slot: C.Slot, rank: int, device, offload: bool, mp) -> nn.Parameter:
-    """A new leaf Parameter holding rows ``slot.local_rows(rank)`` of ``orig`` (on the CPU if
-    ``offload``); its grad may be in ``reduce_dtype`` under ``keep_low_precision_grads``."""
-    with torch.no_grad():
-        local = C.shard_rows(orig.detach(), slot, rank).clone()
-    if not local.is_meta:
-        local = local.cpu() if offload else local.to(device)
-    p = nn.Parameter(local, requires_grad=orig.requires_grad)
-    if grad_dtype(mp, p.dtype) != p.dtype:
-        p.grad_dtype = grad_dtype(mp, p.dtype)
-    return p
-
-
-def shard(
-    module: nn.Module,
-    *,
-    mesh=None,
-    process_group=None,
-    strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD,
-    mixed_precision: Optional[MixedPrecision] = None,
-    offload: bool = False,
-) -> nn.Module:
-    """Make ``module`` a sharded unit (in place; returns it).  Shard sub-modules first, root last.
-
-    ``offload=True`` keeps shards and their gradients on the CPU and copies shards to the compute
-    device (``mesh.device_type``) for each all-gather.
-    """
-    if unit_of(module) is not None:
-        raise ValueError("module is already sharded")
-    shard_group, replicate_group, dp_group = groups_of(strategy, mesh, process_group)
-    owned = list(dict.fromkeys(_owned_modules(module)))
-    sub_units = [u for m in module.modules() if (u := unit_of(m)) is not None]
-    uses: dict[nn.Parameter, list] = {}
-    for m in owned:
-        for name, p in m._parameters.items():
-            if p is not None:
-                if any(_was_replaced_by(u, p) for u in sub_units):
-                    raise ValueError(f"parameter {name!r} is tied to a parameter of an already-sharded sub-unit; shard their common ancestor only")
-                uses.setdefault(p, []).append((m, name))
-    device = compute_device(mesh, list(uses))
-    sws, srank = C.group_size(shard_group), C.group_rank(shard_group)
-    params = []
-    for orig, where in uses.items():
-        slot = C.Slot.of(orig.shape, sws)
-        params.append(ShardedParam(_shard_param(orig, slot, srank, device, offload, mixed_precision), slot, where))
-    plain_dtypes = {sp.shard.dtype for sp in params if not is_traceable_wrapper_subclass(sp.shard)}
-    if len(plain_dtypes) > 1:
-        raise ValueError(f"a unit's parameters must share one dtype, got {plain_dtypes}")
-    unit = Unit(module, params, strategy, shard_group, replicate_group, dp_group, mesh, mixed_precision, device)
-    unit.originals = {id(orig): weakref.ref(orig) for orig in uses}
-    unit.restore_shards()
-    for m in owned:
-        cast_buffers(m, mixed_precision)
-    for u in sub_units:
-        u.is_root = False
-    module.__dict__["_sharded_unit"] = unit
-    module.register_forward_pre_hook(before_forward, with_kwargs=True)
-    module.register_forward_hook(after_forward, always_call=True)
-    return module
