@@ -7,12 +7,10 @@ parameter of ``n`` rows is split along dim 0 like ``torch.chunk(p, ws)``: rank `
 slice *is* the registered ``nn.Parameter``, so ``model.parameters()`` / the optimizer / the grad
 scaler / ``clip_grad_norm_`` all work on shards; optimizer state is sharded for free.
 
-When it is gathered.  Before a unit's forward, each rank pads its shards to ``c`` rows, and one
-``all_gather`` of the concatenated padded shards gives every rank the full parameters, which are
-put on the modules for the forward.  After forward the shards go back on the modules; FULL_SHARD
-(and HYBRID_SHARD) also drop the full tensors -- the autograd graph keeps small tokens instead
-and the first backward use all-gathers the unit again.  SHARD_GRAD_OP keeps the full tensors until
-the unit's backward.  NO_SHARD keeps whole parameters on every rank (no all-gather; it is DDP).
+When it is gathered.  Before a unit's forward one all-gather gives every rank the full
+parameters; after it FULL_SHARD (and HYBRID_SHARD) free them and backward gathers them again;
+SHARD_GRAD_OP keeps them until the unit's backward; NO_SHARD never shards (it is DDP).  The whole
+life of a unit's parameters reads top to bottom in ``sharding.py``.
 
 What each collective computes.  With ``W`` data-parallel ranks and local gradient ``g_r``:
 

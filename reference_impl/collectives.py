@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -98,6 +98,29 @@ def unpack_shards(flat: torch.Tensor, slots: Sequence[Slot], rank: int) -> list[
     for part, s in zip(flat.split([s.padded_numel for s in slots]), slots):
         start, end = s.local_rows(rank)
         out.append(part.view(s.chunk, s.row_numel)[: end - start].view(end - start, *s.shape[1:]))
+    return out
+
+
+def map_inner(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """A wrapper tensor subclass (e.g. ``TwoTensor``) of ``shape`` whose inner tensors are ``fn`` of
+    ``t``'s: how a subclass shard or gradient is communicated, one inner tensor at a time."""
+    names, ctx = t.__tensor_flatten__()
+    inner = {n: fn(getattr(t, n)) for n in names}
+    return type(t).__tensor_unflatten__(inner, ctx, shape, torch.empty(shape, device="meta").stride())
+
+
+def all_gather_rows(x: torch.Tensor, slot: Slot, group, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """All-gather ONE dim-0 sharded tensor into ``out`` (``[ws * chunk, ...]``, allocated if None):
+    pad to ``chunk`` rows, gather; the caller keeps the first ``n`` rows.  The per-tensor path, for
+    what cannot travel in a unit's flat buffer (extension inputs, subclass inner tensors)."""
+    ws = group_size(group)
+    padded = F.pad(x.reshape(x.shape[0], math.prod(x.shape[1:])), (0, 0, 0, slot.chunk - x.shape[0]))
+    if out is None:
+        out = torch.empty(ws * slot.chunk, *x.shape[1:], dtype=x.dtype, device=x.device)
+    if ws == 1:
+        out.view(-1).copy_(padded.view(-1))
+    else:
+        dist.all_gather_single(out.view(-1), padded.reshape(-1), group=group)
     return out
 
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from .collectives import Slot, group_size
+from .collectives import Slot, all_gather_rows, group_rank, group_size
 
 
 def has_extension(t: torch.Tensor) -> bool:
@@ -63,7 +62,7 @@ def call_post_all_gather(t, outputs, metadata, param_dtype, out=None):
     return fn(outputs, metadata, param_dtype, out=out)
 
 
-def _check_inputs_agree(inputs, slot: Slot, local_rows: int, group, device, error=None) -> None:
+def check_inputs_agree(inputs, slot: Slot, local_rows: int, group, device, error=None) -> None:
     """Raise on EVERY rank if any rank's pre hook returned wrongly sized inputs.
 
     Each rank checks its own inputs (dim 0 must be ``local_rows`` or ``slot.chunk``) and hashes their
@@ -86,22 +85,8 @@ def _check_inputs_agree(inputs, slot: Slot, local_rows: int, group, device, erro
         )
 
 
-def gather_rows(x: torch.Tensor, slot: Slot, group, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """All-gather a dim-0 sharded tensor into ``out`` (``[ws * chunk, ...]``, allocated if None):
-    pad to ``chunk`` rows, gather; the caller keeps the first ``n`` rows."""
-    ws = group_size(group)
-    padded = torch.nn.functional.pad(x.reshape(x.shape[0], math.prod(x.shape[1:])), (0, 0, 0, slot.chunk - x.shape[0]))
-    if out is None:
-        out = torch.empty(ws * slot.chunk, *x.shape[1:], dtype=x.dtype, device=x.device)
-    if ws == 1:
-        out.view(-1).copy_(padded.view(-1))
-    else:
-        dist.all_gather_single(out.view(-1), padded.reshape(-1), group=group)
-    return out
-
-
-class ExtensionParam:
-    """Per-parameter memory of the extension protocol.
+class ExtensionGather:
+    """How one parameter with all-gather extensions is gathered, and its memory between gathers.
 
     The all-gather output buffers are kept and refilled on every all-gather, and the unsharded
     tensor from the first post hook is passed back as ``out=``, so a hook may rely on ``out``
@@ -113,16 +98,20 @@ class ExtensionParam:
         self.buffers: Optional[list[torch.Tensor]] = None
         self.unsharded: Optional[torch.Tensor] = None
 
-    def all_gather(self, shard, slot, local_rows, group, device, mesh, module, mp, param_dtype):
+    def all_gather(self, shard: torch.Tensor, slot: Slot, group, *, device, param_dtype, mesh, module, mp_policy):
+        """``pre hook -> check sizes -> all-gather each input -> post hook``; returns the unsharded
+        tensor.  ``mesh``, ``module`` and ``mp_policy`` are passed on to the pre hook."""
+        start, end = slot.local_rows(group_rank(group))
+        local_rows = end - start
         try:  # a hook that raises on one rank must fail every rank, not leave them in the all-gather
-            inputs, metadata = call_pre_all_gather(shard, slot, mesh, module, mp)
+            inputs, metadata = call_pre_all_gather(shard, slot, mesh, module, mp_policy)
             inputs, error = tuple(x.to(device) for x in inputs), None
         except Exception as exc:
             inputs, metadata, error = (), None, exc
-        _check_inputs_agree(inputs, slot, local_rows, group, device, error)
+        check_inputs_agree(inputs, slot, local_rows, group, device, error)
         if self.buffers is None or [(b.shape[1:], b.dtype) for b in self.buffers] != [(x.shape[1:], x.dtype) for x in inputs]:
             self.buffers, self.unsharded = [None] * len(inputs), None
-        self.buffers = [gather_rows(x, slot, group, b) for x, b in zip(inputs, self.buffers)]
+        self.buffers = [all_gather_rows(x, slot, group, b) for x, b in zip(inputs, self.buffers)]
         outputs = tuple(b[: slot.rows] for b in self.buffers)
         if self.unsharded is None or self.unsharded.dtype != param_dtype:  # out= only for the same dtype
             self.unsharded, _to_free = call_post_all_gather(shard, outputs, metadata, param_dtype)

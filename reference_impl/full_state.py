@@ -1,7 +1,9 @@
 """See the unsharded model: full parameters and gradients on every rank, for comparisons.
 
 Names are those of ``model.named_parameters()``, which are the unsharded model's names: sharding
-keeps every parameter registered where it was, only with fewer rows.
+keeps every parameter registered where it was, only with fewer rows.  Like the forward, these
+gather one flat buffer per unit (one collective), and go parameter by parameter only where a
+parameter has all-gather extensions or tensor-subclass gradients.
 """
 from __future__ import annotations
 
@@ -13,8 +15,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import collectives as C
-from .extensions import gather_rows
-from .sharding import ShardedParam, Unit, units
+from .sharding import Unit, units
 
 
 @contextlib.contextmanager
@@ -27,11 +28,13 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
     gathered: list[tuple[Unit, list[nn.Parameter]]] = []
     with torch.no_grad():
         for u in units(model):
-            fulls = u.all_gather(param_dtype=u.params[0].shard.dtype if u.params else None) if u.params else []
+            if not u.params:
+                continue
+            fulls = u.all_gather(param_dtype=u.params[0].shard.dtype)
             params = [nn.Parameter(f, requires_grad=sp.shard.requires_grad) for f, sp in zip(fulls, u.params)]
             for p in params:
                 p._full_view = True  # not a shard: units() must not adopt it
-            u.install(params)
+            u.set_params(params)
             gathered.append((u, params))
     try:
         yield model
@@ -56,23 +59,39 @@ def full_grads(model: nn.Module) -> dict[str, Optional[torch.Tensor]]:
     ``None`` where the shard's grad is ``None``; that is the same on every rank because every rank
     runs the same backward graph.
     """
-    owner: dict[int, tuple[Unit, ShardedParam]] = {id(sp.shard): (u, sp) for u in units(model) for sp in u.params}
+    gathered: dict[int, torch.Tensor] = {}
+    for u in units(model):
+        gathered.update(gather_grads(u))
     out: dict[str, Optional[torch.Tensor]] = {}
     for name, p in model.named_parameters():
         if p.grad is None:
             out[name] = None
-        elif id(p) not in owner:
-            out[name] = p.grad.detach().clone()
         else:
-            u, sp = owner[id(p)]
-            out[name] = _gather(p.grad.detach(), sp.slot, u)
+            out[name] = gathered[id(p)] if id(p) in gathered else p.grad.detach().clone()
     return out
 
 
-def _gather(shard: torch.Tensor, slot: C.Slot, unit: Unit) -> torch.Tensor:
+def gather_grads(unit: Unit) -> dict[int, torch.Tensor]:
+    """``{id(shard): full gradient}`` for the unit's shards that have a gradient: one all-gather
+    of the flat padded layout per gradient dtype, then one per inner tensor of subclass grads."""
+    with_grad = [sp for sp in unit.params if sp.shard.grad is not None]
+    plain = [sp for sp in with_grad if not is_traceable_wrapper_subclass(sp.shard.grad)]
+    out = {}
+    for dtype in dict.fromkeys(sp.shard.grad.dtype for sp in plain):
+        same = [sp for sp in plain if sp.shard.grad.dtype == dtype]
+        slots = [sp.slot for sp in same]
+        local = C.pack_shards([sp.shard.grad.detach().to(unit.device) for sp in same], slots, dtype)
+        fulls = C.unpack_full(C.all_gather_flat(local, unit.shard_group), slots, unit.shard_size)
+        out.update((id(sp.shard), full) for sp, full in zip(same, fulls))
+    for sp in with_grad:
+        if is_traceable_wrapper_subclass(sp.shard.grad):
+            out[id(sp.shard)] = _gather_rows(sp.shard.grad.detach(), sp.slot, unit)
+    return out
+
+
+def _gather_rows(shard: torch.Tensor, slot: C.Slot, unit: Unit) -> torch.Tensor:
+    """The full tensor of one shard (a subclass: inner tensor by inner tensor)."""
     if is_traceable_wrapper_subclass(shard):
-        names, ctx = shard.__tensor_flatten__()
-        inner = {n: _gather(getattr(shard, n), slot, unit) for n in names}
-        return type(shard).__tensor_unflatten__(inner, ctx, slot.shape, torch.empty(slot.shape, device="meta").stride())
+        return C.map_inner(shard, lambda t: _gather_rows(t, slot, unit), slot.shape)
     rows = shard.reshape(-1, *slot.shape[1:]).to(unit.device)
-    return gather_rows(rows, slot, unit.shard_group)[: slot.rows].reshape(slot.shape).clone()
+    return C.all_gather_rows(rows, slot, unit.shard_group)[: slot.rows].reshape(slot.shape).clone()

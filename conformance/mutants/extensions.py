@@ -48,10 +48,10 @@ class ExtensionSizeUnchecked(MutantAdapter):
 
     def patch(self) -> None:
         ext = importlib.import_module("reference_impl.extensions")
-        original = ext._check_inputs_agree
+        original = ext.check_inputs_agree
 
         def check(inputs, slot, local_rows, group, device, error=None):
             if error is not None:
                 return original(inputs, slot, local_rows, group, device, error)
 
-        replace(ext, "_check_inputs_agree", check)
+        replace(ext, "check_inputs_agree", check)

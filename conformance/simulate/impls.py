@@ -39,8 +39,8 @@ def _row(name: str, local: torch.Tensor, padded_rows: int, storage_bytes: int) -
 class ReferenceSim:
     name = "reference"
     coverage = ("sharding at init (meta); collectives of one forward + backward on meta tensors. "
-                "Not simulated: the FULL_SHARD re-gather in backward (its tokens key on storage "
-                "addresses, which meta tensors lack), so all-gathers count once per unit")
+                "Not simulated: the FULL_SHARD re-gather in backward (its saved-tensors hooks key on "
+                "storage addresses, which meta tensors lack), so all-gathers count once per unit")
     gathers_per_unit = 1
 
     def shard(self, model: nn.Module) -> nn.Module:
