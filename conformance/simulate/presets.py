@@ -3,6 +3,12 @@
 ``transformer-1b``: 24 pre-norm blocks of d_model 2048 (fused qkv, 16 heads, MLP of 5461 -- an odd
 width, so no world size divides it), a 32000-token embedding and an untied output head: about
 1.07e9 parameters.  ``tiny``: the same architecture with every dimension small and odd.
+
+``llama3-405b``: Llama-3-405B's dimensions -- 126 blocks of d_model 16384, 128 query heads and 8
+key/value heads of head dim 128 (separate wq / wk / wv / wo, no biases), a SwiGLU MLP of 53248
+(w1 gate, w3 up, w2 down), RMSNorm weights, a 128256-token embedding and an untied output head:
+405,655,207,936 parameters.  Rotary embeddings have no parameters and change no shape, so they are
+left out.  ``llama-tiny``: the same architecture small and odd (GQA 4 query / 2 kv heads).
 """
 from __future__ import annotations
 
@@ -22,11 +28,15 @@ class Preset:
     vocab: int
     seq: int = 8
     batch: int = 1
+    arch: str = "gpt"  # "gpt" (Block) or "llama" (LlamaBlock)
+    kv_heads: int = 0  # llama: key/value heads (grouped-query attention)
 
 
 PRESETS = {
     "tiny": Preset(layers=2, d_model=24, heads=2, ffn=37, vocab=101),
     "transformer-1b": Preset(layers=24, d_model=2048, heads=16, ffn=5461, vocab=32000),
+    "llama-tiny": Preset(layers=3, d_model=24, heads=4, ffn=37, vocab=101, arch="llama", kv_heads=2),
+    "llama3-405b": Preset(layers=126, d_model=16384, heads=128, ffn=53248, vocab=128256, arch="llama", kv_heads=8),
 }
 
 
@@ -47,13 +57,41 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm2(x))))
 
 
+class LlamaBlock(nn.Module):
+    """Pre-norm (RMSNorm) block: grouped-query attention, then a SwiGLU MLP; no biases."""
+
+    def __init__(self, p: Preset):
+        super().__init__()
+        self.heads, self.kv_heads, hd = p.heads, p.kv_heads, p.d_model // p.heads
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(p.d_model), nn.RMSNorm(p.d_model)
+        self.wq = nn.Linear(p.d_model, p.heads * hd, bias=False)
+        self.wk = nn.Linear(p.d_model, p.kv_heads * hd, bias=False)
+        self.wv = nn.Linear(p.d_model, p.kv_heads * hd, bias=False)
+        self.wo = nn.Linear(p.heads * hd, p.d_model, bias=False)
+        self.w1 = nn.Linear(p.d_model, p.ffn, bias=False)
+        self.w3 = nn.Linear(p.d_model, p.ffn, bias=False)
+        self.w2 = nn.Linear(p.ffn, p.d_model, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.attention_norm(x)
+        q = self.wq(h).view(b, s, self.heads, -1).transpose(1, 2)
+        k = self.wk(h).view(b, s, self.kv_heads, -1).transpose(1, 2)
+        v = self.wv(h).view(b, s, self.kv_heads, -1).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, s, -1))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
 class Transformer(nn.Module):
     def __init__(self, p: Preset):
         super().__init__()
         self.preset = p
         self.embed = nn.Embedding(p.vocab, p.d_model)
-        self.blocks = nn.ModuleList(Block(p) for _ in range(p.layers))
-        self.norm = nn.LayerNorm(p.d_model)
+        block = LlamaBlock if p.arch == "llama" else Block
+        self.blocks = nn.ModuleList(block(p) for _ in range(p.layers))
+        self.norm = nn.RMSNorm(p.d_model) if p.arch == "llama" else nn.LayerNorm(p.d_model)
         self.head = nn.Linear(p.d_model, p.vocab, bias=False)
 
     def forward(self, tokens):
