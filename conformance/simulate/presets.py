@@ -7,8 +7,8 @@ width, so no world size divides it), a 32000-token embedding and an untied outpu
 ``llama3-405b``: Llama-3-405B's dimensions -- 126 blocks of d_model 16384, 128 query heads and 8
 key/value heads of head dim 128 (separate wq / wk / wv / wo, no biases), a SwiGLU MLP of 53248
 (w1 gate, w3 up, w2 down), RMSNorm weights, a 128256-token embedding and an untied output head:
-405,655,207,936 parameters.  Rotary embeddings have no parameters and change no shape, so they are
-left out.  ``llama-tiny``: the same architecture small and odd (GQA 4 query / 2 kv heads).
+405,853,388,800 parameters (shapes only: see :class:`LlamaBlock` for what its forward leaves
+out).  ``llama-tiny``: the same architecture small and odd (GQA 4 query / 2 kv heads).
 """
 from __future__ import annotations
 
@@ -58,7 +58,14 @@ class Block(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """Pre-norm (RMSNorm) block: grouped-query attention, then a SwiGLU MLP; no biases."""
+    """Pre-norm block: grouped-query attention, then a SwiGLU MLP; no biases.
+
+    Shape-faithful, not numerically faithful: every parameter is used as in Llama (the same
+    matmuls, the RMSNorm weights as scales of the residual stream, grouped-query attention with
+    ``heads / kv_heads`` query heads per key/value head), but arithmetic that touches no parameter
+    -- the norms' statistics, the softmax and its causal mask, rotary embeddings -- is left out.
+    The simulation has no numerics, and on meta tensors each such op costs a Python meta kernel
+    in forward and backward (about half of a 405B step's time)."""
 
     def __init__(self, p: Preset):
         super().__init__()
@@ -73,14 +80,15 @@ class LlamaBlock(nn.Module):
         self.w2 = nn.Linear(p.ffn, p.d_model, bias=False)
 
     def forward(self, x):
-        b, s, d = x.shape
-        h = self.attention_norm(x)
-        q = self.wq(h).view(b, s, self.heads, -1).transpose(1, 2)
-        k = self.wk(h).view(b, s, self.kv_heads, -1).transpose(1, 2)
-        v = self.wv(h).view(b, s, self.kv_heads, -1).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.wo(a.transpose(1, 2).reshape(b, s, -1))
-        h = self.ffn_norm(x)
+        b, s, _ = x.shape
+        kv, group = self.kv_heads, self.heads // self.kv_heads
+        h = x * self.attention_norm.weight
+        q = self.wq(h).view(b, s, kv, group, -1).permute(0, 2, 3, 1, 4)  # [b, kv, group, s, hd]
+        k = self.wk(h).view(b, s, kv, 1, -1).permute(0, 2, 3, 4, 1)  # [b, kv, 1, hd, s]
+        v = self.wv(h).view(b, s, kv, 1, -1).permute(0, 2, 3, 1, 4)  # [b, kv, 1, s, hd]
+        a = (q @ k) @ v  # scores, then values: each kv head serves its group of query heads
+        x = x + self.wo(a.permute(0, 3, 1, 2, 4).reshape(b, s, -1))
+        h = x * self.ffn_norm.weight
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
 
