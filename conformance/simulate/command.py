@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                         "that hold alike, in the first and the last replica; the rest are checked by arithmetic)")
     p.add_argument("--step", choices=STEP_MODES, default="classes",
                    help="simulated ranks that run one forward + backward (default classes: the first "
-                        "simulated rank of every class, and the last)")
+                        "simulated rank of every class, and the last if in another replica)")
     p.add_argument("-o", "--output", help="write the JSON report here")
 
 

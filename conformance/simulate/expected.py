@@ -132,11 +132,6 @@ def representative_ranks(classes, mesh: Mesh) -> list[int]:
     return sorted(rep * mesh.shard + s for rep in {0, mesh.replicate - 1} for s in ends)
 
 
-def step_ranks(classes, mesh: Mesh) -> list[int]:
-    """Where one training step runs: the first rank of every class, and the last rank of the world."""
-    return sorted({a for a, _ in classes} | {mesh.world_size - 1})
-
-
 def unit_shard_bytes(unit: list[dict]) -> int:
     """``S_u``: bytes one rank contributes to its unit's flat buffer (every slice padded to ``c``)."""
     return sum(p["chunk"] * p["row_numel"] * p["itemsize"] for p in unit)

@@ -86,11 +86,13 @@ def _step_ranks(step: str, ranks: list[int], classes, mesh: Mesh) -> list[int]:
         return ranks[:1]
     if step == "none":
         return []
-    firsts = {}  # "classes": the first simulated rank of every class, and the last simulated rank
-    for r in sorted(ranks):
+    firsts = {}  # "classes": the first simulated rank of every class; and the last simulated rank
+    for r in sorted(ranks):  # when it is in another replica (its groups differ)
         s = mesh.coords(r)[1]
         firsts.setdefault(next(i for i, (a, b) in enumerate(classes) if a <= s < b), r)
-    return sorted(set(firsts.values()) | {max(ranks)})
+    last = max(ranks)
+    other_replica = all(mesh.coords(r)[0] != mesh.coords(last)[0] for r in firsts.values())
+    return sorted(set(firsts.values()) | ({last} if other_replica else set()))
 
 
 def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = None, step: str = "classes",
@@ -98,7 +100,7 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
     """Simulate ``ranks`` (default: both ends of every class of alike shard ranks, first and last
     replica) and check the others by arithmetic (``every_rank_by_class``).  ``step``: where one
     training step runs -- ``"classes"`` on the first simulated rank of every class and on the last
-    one, ``"all"``, ``"first"``, or ``"none"`` (sharding at init only).  ``mesh``: ``"RxS"`` for a
+    one if it is in another replica, ``"all"``, ``"first"``, or ``"none"`` (sharding at init only).  ``mesh``: ``"RxS"`` for a
     2-D (replicate, shard) mesh with HYBRID_SHARD; default 1-D FULL_SHARD."""
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")

@@ -31,7 +31,7 @@ def test_llama3_405b_has_llama_3_405b_dimensions():
 
 
 @pytest.mark.parametrize("model", ["tiny", "llama-tiny"])
-@pytest.mark.parametrize("shard", [1, 2, 5, 7, 24, 37, 64, 1000])
+@pytest.mark.parametrize("shard", [1, 2, 5, 7, 24, 37, 64, 150])
 def test_rank_classes_match_brute_force(model, shard):
     rows = [p.shape[0] if p.dim() else 1 for p in build(model).parameters()]
     signature = [tuple(_torch_chunk_rows(n, shard, s) for n in rows) for s in range(shard)]
