@@ -85,7 +85,8 @@ class TorchFSDP2Sim:
     name = "torch-fsdp2"
     coverage = ("sharding at init (meta); then to_empty(cpu) materialises only the local shards and "
                 "one forward + backward runs on the CPU (FSDP2 refuses meta parameters in training); "
-                "FULL_SHARD reshards every unit after forward, the root too, so each is gathered twice")
+                "FULL_SHARD (and HYBRID_SHARD) reshards every unit after forward, the root too, so each is "
+                "gathered twice")
 
     def shard(self, model: nn.Module, mesh: E.Mesh) -> nn.Module:
         return _shard(self.name, model, "cpu", mesh)

@@ -100,8 +100,9 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
     """Simulate ``ranks`` (default: both ends of every class of alike shard ranks, first and last
     replica) and check the others by arithmetic (``every_rank_by_class``).  ``step``: where one
     training step runs -- ``"classes"`` on the first simulated rank of every class and on the last
-    one if it is in another replica, ``"all"``, ``"first"``, or ``"none"`` (sharding at init only).  ``mesh``: ``"RxS"`` for a
-    2-D (replicate, shard) mesh with HYBRID_SHARD; default 1-D FULL_SHARD."""
+    one if it is in another replica, ``"all"``, ``"first"``, or ``"none"`` (sharding at init
+    only).  ``mesh``: ``"RxS"`` for a 2-D (replicate, shard) mesh with HYBRID_SHARD; default 1-D
+    FULL_SHARD."""
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")
     if step not in STEP_MODES:

@@ -86,11 +86,13 @@ def every_rank_by_class(per_rank: list[dict], classes, mesh, layouts: list[dict]
             seen[k] = (r["rank"], held)
         elif held != seen[k][1]:
             diff = sorted(n for n in set(held) | set(seen[k][1]) if held.get(n) != seen[k][1].get(n))
-            problems.append(f"ranks {seen[k][0]} and {r['rank']} (class {classes[k][0]}..{classes[k][1] - 1}) differ "
-                            f"in {len(diff)} parameters, e.g. {diff[0]}: {seen[k][1].get(diff[0])} vs {held.get(diff[0])}")
+            problems.append(f"ranks {seen[k][0]} and {r['rank']} (class {classes[k][0]}..{classes[k][1] - 1}) "
+                            f"differ in {len(diff)} parameters, e.g. {diff[0]}: {seen[k][1].get(diff[0])} "
+                            f"vs {held.get(diff[0])}")
     missing = [c for i, c in enumerate(classes) if i not in seen]
     if missing:
-        problems.append(f"{len(missing)} classes without a simulated rank, e.g. shard ranks {missing[0][0]}..{missing[0][1] - 1}")
+        problems.append(f"{len(missing)} classes without a simulated rank, "
+                        f"e.g. shard ranks {missing[0][0]}..{missing[0][1] - 1}")
     for p in layouts if not missing else []:
         rows = sum((b - a) * seen[k][1].get(p["name"], (0,))[0] for k, (a, b) in enumerate(classes))
         if rows != p["rows"]:
