@@ -4,6 +4,9 @@
 width, so no world size divides it), a 32000-token embedding and an untied output head: about
 1.07e9 parameters.  ``tiny``: the same architecture with every dimension small and odd.
 
+The forwards are shape-faithful, not numerically faithful: every parameter is used as in the real
+architecture, arithmetic that touches no parameter is left out (see :class:`LlamaBlock`).
+
 ``llama3-405b``: Llama-3-405B's dimensions -- 126 blocks of d_model 16384, 128 query heads and 8
 key/value heads of head dim 128 (separate wq / wk / wv / wo, no biases), a SwiGLU MLP of 53248
 (w1 gate, w3 up, w2 down), RMSNorm weights, a 128256-token embedding and an untied output head:
@@ -50,11 +53,14 @@ class Block(nn.Module):
         self.up, self.down = nn.Linear(p.d_model, p.ffn), nn.Linear(p.ffn, p.d_model)
 
     def forward(self, x):
+        """Shape-faithful (see :class:`LlamaBlock`): the LayerNorms' weight and bias as an affine map
+        of the residual stream, attention as scores @ values without softmax and mask."""
         b, s, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        h = torch.addcmul(self.norm1.bias, x, self.norm1.weight)
+        q, k, v = self.qkv(h).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        a = (q.transpose(1, 2) @ k.permute(0, 2, 3, 1)) @ v.transpose(1, 2)  # [b, heads, s, head dim]
         x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
+        return x + self.down(F.gelu(self.up(torch.addcmul(self.norm2.bias, x, self.norm2.weight))))
 
 
 class LlamaBlock(nn.Module):
