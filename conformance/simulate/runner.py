@@ -151,7 +151,8 @@ def human_summary(report: dict) -> str:
     mesh = "x".join(map(str, t["mesh"]))
     lines.append(f"simulate {t['implementation']} / {t['model']} at world size {t['world_size']}, {t['strategy']} "
                  f"on mesh {mesh} (ranks {', '.join(map(str, t['ranks']))}; fake group, meta tensors)")
-    lines.append(f"  {len(report['classes'])} classes of alike shard ranks: " + ", ".join(
+    n = len(report["classes"])
+    lines.append(f"  {n} class{'es' if n != 1 else ''} of alike shard ranks: " + ", ".join(
         f"{c['shard_ranks'][0]}..{c['shard_ranks'][1]}" for c in report["classes"][:8])
         + (", ..." if len(report["classes"]) > 8 else ""))
     lines.append(f"  coverage: {report['coverage']}")

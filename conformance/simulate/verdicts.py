@@ -98,6 +98,7 @@ def every_rank_by_class(per_rank: list[dict], classes, mesh, layouts: list[dict]
         if rows != p["rows"]:
             problems.append(f"{p['name']}: shard ranks hold {rows} rows in all, the parameter has {p['rows']}")
     model_bytes = sum(p["rows"] * p["row_numel"] * p["itemsize"] for p in layouts)
-    ok = (f"{mesh.shard} shard ranks in {len(classes)} classes x {mesh.replicate} replicas = {mesh.world_size} "
-          f"ranks: every row held once per shard group, the world holds {mesh.replicate} x {model_bytes} B")
+    ok = (f"{mesh.shard} shard ranks in {len(classes)} class{'es' if len(classes) != 1 else ''} x "
+          f"{mesh.replicate} replica{'s' if mesh.replicate != 1 else ''} = {mesh.world_size} ranks: every row "
+          f"held once per shard group, the world holds {mesh.replicate} x {model_bytes} B")
     return _cell("every_rank_by_class", "all", problems, ok)
