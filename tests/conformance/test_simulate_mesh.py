@@ -129,3 +129,14 @@ def test_torch_fsdp2_on_a_2d_mesh():
     assert report["summary"]["failed"] == 0, runner.human_summary(report)
     ag = report["ranks"][0]["collectives"]
     assert ag["all_gather"]["count"] == 2 * ag["reduce_scatter"]["count"] == 2 * ag["all_reduce"]["count"]
+
+
+def test_llama3_405b_sharding_at_16384_ranks_on_128x128():
+    """The issue-14 target at init only (a few seconds; the CLI's default also runs two steps)."""
+    report = simulate("reference", 16384, "llama3-405b", step="none", mesh="128x128")
+    assert report["summary"] == {"passed": 9, "failed": 0}, runner.human_summary(report)
+    assert report["target"]["ranks"] == [0, 127, 16256, 16383]
+    assert report["classes"] == [{"shard_ranks": [0, 127], "ranks": 16384}]
+    for r in report["ranks"]:  # every parameter divides by 128: no padding, 1/128 of the model each
+        assert r["totals"]["storage_bytes"] == r["totals"]["bound_bytes"] == 405_853_388_800 * 4 // 128
+        assert all(p["padded_rows"] == 0 for p in r["params"])
