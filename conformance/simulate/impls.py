@@ -1,7 +1,8 @@
 """How each implementation is sharded, inspected and stepped inside a fake world.
 
 Every simulator shards through the implementation's adapter, from the same registry as
-`shardcheck run` (each transformer block as a unit, then the root, FULL_SHARD over the whole world),
+`shardcheck run` (each transformer block as a unit, then the root; FULL_SHARD over the whole world,
+or HYBRID_SHARD on a 2-D (replicate, shard) mesh),
 reads back what *the implementation* decided per parameter (local shape, padded
 rows, bytes of storage held), runs one forward + backward under the collective counter as far as
 the implementation allows on this device, and says how far that was (``coverage``).
@@ -15,16 +16,24 @@ import torch.nn as nn
 from conformance import adapters
 from conformance.protocol import ShardSpec
 
+from . import expected as E
 from .comms import CollectiveCounter
 
 
-def _shard(name: str, model: nn.Module, device_type: str) -> nn.Module:
-    """FULL_SHARD of every block and the root, by the named implementation's adapter."""
+def _shard(name: str, model: nn.Module, device_type: str, mesh: E.Mesh) -> nn.Module:
+    """FULL_SHARD (1-D) or HYBRID_SHARD (2-D mesh) of every block and the root, by the named
+    implementation's adapter."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if mesh.world_size != dist.get_world_size():
+        raise ValueError(f"mesh {mesh.shape} does not span the world of {dist.get_world_size()}")
     units = tuple(f"blocks.{i}" for i in range(len(model.blocks)))
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    return adapters.load(name).shard(model, ShardSpec(strategy="FULL_SHARD", units=units, mesh=mesh))
+    if mesh.two_d:
+        device_mesh = init_device_mesh(device_type, tuple(mesh.shape), mesh_dim_names=("replicate", "shard"))
+    else:
+        device_mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    strategy = "HYBRID_SHARD" if mesh.two_d else "FULL_SHARD"
+    return adapters.load(name).shard(model, ShardSpec(strategy=strategy, units=units, mesh=device_mesh))
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
@@ -43,10 +52,10 @@ class ReferenceSim:
                 "storage addresses, which meta tensors lack), so all-gathers count once per unit")
     gathers_per_unit = 1
 
-    def shard(self, model: nn.Module) -> nn.Module:
+    def shard(self, model: nn.Module, mesh: E.Mesh) -> nn.Module:
         import reference_impl as ri
 
-        model = _shard(self.name, model, "cpu")
+        model = _shard(self.name, model, "cpu", mesh)
         for unit in ri.units(model):
             unit.device = torch.device("meta")  # all-gather into meta buffers, not onto the CPU
         return model
@@ -66,23 +75,21 @@ class ReferenceSim:
             model(model.example_input("meta")).float().sum().backward()
         return counter
 
-    def expected(self, units: list[list[dict]], ws: int) -> dict:
-        """All-gather and reduce-scatter once per unit with parameters, of ``ws * S_u`` elements."""
-        sizes = [ws * sum(p["chunk"] * p["row_numel"] * p["itemsize"] for p in u) for u in units if u]
-        one = {"count": len(sizes), "bytes": sum(sizes)}
-        return {"all_gather": {"count": one["count"] * self.gathers_per_unit,
-                               "bytes": one["bytes"] * self.gathers_per_unit},
-                "reduce_scatter": dict(one)}
+    def expected(self, units: list[list[dict]], mesh: E.Mesh, rank: int) -> dict:
+        """Per unit with parameters: all-gather and reduce-scatter of ``S * S_u`` bytes in the shard
+        group; on a 2-D mesh also one all-reduce of ``S_u`` bytes in the replicate group."""
+        return E.step_collectives(units, mesh, rank, self.gathers_per_unit)
 
 
 class TorchFSDP2Sim:
     name = "torch-fsdp2"
     coverage = ("sharding at init (meta); then to_empty(cpu) materialises only the local shards and "
                 "one forward + backward runs on the CPU (FSDP2 refuses meta parameters in training); "
-                "FULL_SHARD reshards every unit after forward, the root too, so each is gathered twice")
+                "FULL_SHARD (and HYBRID_SHARD) reshards every unit after forward, the root too, so each is "
+                "gathered twice")
 
-    def shard(self, model: nn.Module) -> nn.Module:
-        return _shard(self.name, model, "cpu")
+    def shard(self, model: nn.Module, mesh: E.Mesh) -> nn.Module:
+        return _shard(self.name, model, "cpu", mesh)
 
     def rows(self, model: nn.Module) -> list[dict]:
         from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
@@ -106,12 +113,11 @@ class TorchFSDP2Sim:
             model(model.example_input("cpu")).float().sum().backward()
         return counter
 
-    def expected(self, units: list[list[dict]], ws: int) -> dict:
-        """Every unit (FULL_SHARD: reshard_after_forward=True, root included) gathered in forward and
-        again in backward; one reduce-scatter each."""
-        sizes = [ws * sum(p["chunk"] * p["row_numel"] * p["itemsize"] for p in u) for u in units]
-        return {"all_gather": {"count": 2 * len(sizes), "bytes": 2 * sum(sizes)},
-                "reduce_scatter": {"count": len(sizes), "bytes": sum(sizes)}}
+    def expected(self, units: list[list[dict]], mesh: E.Mesh, rank: int) -> dict:
+        """Every unit (FULL_SHARD / HYBRID_SHARD: reshard_after_forward=True, root included)
+        gathered in forward and again in backward; one reduce-scatter each (and on a 2-D mesh one
+        all-reduce across replicas)."""
+        return E.step_collectives(units, mesh, rank, 2, empty_units=True)
 
 
 SIMULATORS = {s.name: s for s in (ReferenceSim, TorchFSDP2Sim)}

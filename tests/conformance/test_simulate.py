@@ -29,7 +29,7 @@ def tiny_shapes():
 
 @pytest.mark.parametrize("ws", [64, 1024])
 def test_reference_shards_match_torch_chunk(ws, tiny_shapes):
-    for rank in default_ranks(ws):
+    for rank in default_ranks(ws, "tiny"):
         result = simulate_rank("reference", ws, "tiny", rank)
         assert [c["outcome"] for c in result["cells"]] == ["passed"] * 3, result["cells"]
         assert {r["name"] for r in result["params"]} == set(tiny_shapes)
@@ -55,7 +55,7 @@ def test_collectives_follow_the_unit_formula():
     result = simulate_rank("reference", 64, "tiny", 0)
     units = E.units_of(build("tiny"), 64)
     per_unit = [64 * sum(-(-p["rows"] // 64) * p["row_numel"] * 4 for p in u) for u in units]
-    expected = {"count": len(units), "bytes": sum(per_unit)}
+    expected = {"count": len(units), "bytes": sum(per_unit), "groups": ["0..63 step 1"]}
     assert result["collectives"] == {"all_gather": expected, "reduce_scatter": expected}
 
 
@@ -87,10 +87,14 @@ def test_cli_writes_a_passing_report(tmp_path):
     out = tmp_path / "sim.json"
     assert cli.main(["simulate", "--impl", "reference", "--world-size", "64", "--model", "tiny", "-o", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["target"]["world_size"] == 64 and report["target"]["ranks"] == [0, 32, 63]
+    # tiny at 64: rows 24 | 72 | 37 | 101 cut the shard ranks at 24, 36, 37, 50 and 51
+    classes = [[0, 23], [24, 35], [36, 36], [37, 49], [50, 50], [51, 63]]
+    assert [c["shard_ranks"] for c in report["classes"]] == classes
+    assert report["target"]["world_size"] == 64 and report["target"]["mesh"] == [64]
+    assert report["target"]["ranks"] == sorted({r for c in classes for r in c})
     assert {c["check"] for c in report["cells"]} == {"every_param_sharded_dim0", "bytes_per_rank_within_ceil_bound",
-                                                    "collectives_per_step"}
-    assert report["summary"]["failed"] == 0 and report["step_ranks"] == [0, 32, 63]
+                                                    "collectives_per_step", "every_rank_by_class"}
+    assert report["summary"]["failed"] == 0 and report["step_ranks"] == [c[0] for c in classes]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -98,6 +102,8 @@ def test_cli_writes_a_passing_report(tmp_path):
     (["--impl", "nope"], "unknown implementation 'nope'"),
     (["--impl", "ddp"], "no simulator for implementation 'ddp'"),
     (["--rank", "64"], "rank 64 is outside world size 64"),
+    (["--mesh", "4x8"], "mesh 4x8 has 32 ranks, not the world size 64"),
+    (["--mesh", "8by8"], "mesh must be REPLICATExSHARD"),
 ])
 def test_bad_input_is_one_line(argv, message, capsys):
     assert cli.main(["simulate", "--world-size", "64", "--model", "tiny", *argv]) == 2
@@ -107,5 +113,6 @@ def test_bad_input_is_one_line(argv, message, capsys):
 
 def test_torch_fsdp2_sharding_at_init_matches_torch_chunk():
     report = simulate("torch-fsdp2", 64, "tiny", step="first")
-    assert report["summary"] == {"passed": 7, "failed": 0}, runner.human_summary(report)
+    ranks = len(report["target"]["ranks"])
+    assert report["summary"] == {"passed": 2 * ranks + 2, "failed": 0}, runner.human_summary(report)
     assert report["step_ranks"] == [0]
