@@ -27,6 +27,7 @@ from conformance.checks.support.compare import assert_close
 from conformance.checks.support.dp_reference import all_reduce_coalesced_
 from conformance.protocol.capabilities import of_strategy
 from conformance.checks.support.models import Net, resolve_units
+from conformance.checks.support.tensors import local_part
 from harness import distributed
 
 STRATEGIES = ["NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"]
@@ -40,10 +41,6 @@ def _caps(params) -> set[str]:
     if "dtype" in params:
         caps |= {"compression_hooks", "mixed_precision"}
     return caps
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _build_net(ctx, impl, has_wrapping: bool, strategy: str, mixed_precision=None):
@@ -107,7 +104,7 @@ def test_default_communication_hook_behavior(ctx, impl, strategy):
     for it in range(4):
         model.zero_grad()
         model(inpt).sum().backward()
-        grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+        grads = [local_part(p.grad) for p in model.parameters() if p.grad is not None]
         assert grads, "no gradient after backward"
         for g in grads:
             if g.numel():  # the seed checks grad[0] of each rank's (flat) shard
