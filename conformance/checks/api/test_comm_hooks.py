@@ -26,7 +26,7 @@ from conformance.checks.support.comm_hooks import plant_comm_hook
 from conformance.checks.support.compare import assert_close
 from conformance.checks.support.dp_reference import all_reduce_coalesced_
 from conformance.protocol.capabilities import of_strategy
-from conformance.checks.support.models import Net, resolve_units
+from conformance.checks.support.models import Net, unit_paths
 from conformance.checks.support.tensors import local_part
 from harness import distributed
 
@@ -49,10 +49,9 @@ def _build_net(ctx, impl, has_wrapping: bool, strategy: str, mixed_precision=Non
     with ctx.seeded(0):
         model = Net(has_wrapping=has_wrapping).to(ctx.device)
     ref = copy.deepcopy(model)
-    paths = [path for path, _ in resolve_units(model)]
-    sharded = impl.shard(model, ShardSpec(strategy=strategy, units=tuple(p for p in paths if p),
-                                          mixed_precision=mixed_precision))
-    return sharded, ref, len(paths)
+    units = unit_paths(model)
+    sharded = impl.shard(model, ShardSpec(strategy=strategy, units=units, mixed_precision=mixed_precision))
+    return sharded, ref, len(units) + 1  # and the root
 
 
 def _assert_no_hooks(impl, model, n_units: int) -> None:
