@@ -1,5 +1,6 @@
 """The repository's promises about itself."""
 
+import ast
 import configparser
 import re
 import tomllib
@@ -70,3 +71,41 @@ def test_no_module_over_400_lines():
             for p in (ROOT / folder).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long
+
+
+def _private_uses_of_other_modules(path: Path) -> list[str]:
+    """`from ours import _x`, a module path through `_private`, or `module._x` on a module of ours."""
+    ours = ("harness", "conformance", "reference_impl", "tests")
+    found, modules = [], set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in ours):
+            parts = (node.module or "").split(".")
+            for alias in node.names:
+                if alias.name.startswith("_") or any(p.startswith("_") for p in parts):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+                base = ROOT.joinpath(*parts, alias.name) if not node.level else None
+                if base is not None and (base.with_suffix(".py").is_file() or base.is_dir()):
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] in ours:
+                    modules.add(alias.asname or parts[0])
+                    if any(p.startswith("_") for p in parts):
+                        found.append(f"{node.lineno}: import {alias.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_across_modules():
+    """One home per idea, used by its public name: nothing imports (or reaches into) another module's
+    `_private` names or `_private` modules."""
+    uses = {p.relative_to(ROOT).as_posix(): found
+            for folder in ("conformance", "tests")
+            for p in (ROOT / folder).rglob("*.py")
+            if (found := _private_uses_of_other_modules(p))}
+    assert not uses

@@ -32,6 +32,9 @@ from conformance.protocol.outcomes import BAD, OUTCOMES, outcome_of
 from conformance.report import coverage
 from conformance.report.writer import PARAMS_PROPERTY, family_of
 
+# What a progress line counts: the failing outcomes first, then every other one but passed (the
+# count of cells done says it) and skipped (the machine's, not the implementation's).
+STATUS_OUTCOMES = BAD + tuple(o for o in OUTCOMES if o not in BAD + ("passed", "skipped"))
 
 def _console() -> Console:
     """A console on a duplicate of the real stdout: pytest's fd capture swaps fd 1 while a test
@@ -115,7 +118,7 @@ class RunProgress:
 
     def status(self) -> str:
         counts = self.by_outcome()
-        shown = [f"{counts[o]} {o}" for o in BAD + ("unsupported", "xfailed", "xpassed") if counts[o]]
+        shown = [f"{counts[o]} {o}" for o in STATUS_OUTCOMES if counts[o]]
         return ", ".join(shown) or "no failures"
 
     def line(self) -> str:

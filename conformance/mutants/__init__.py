@@ -1,14 +1,14 @@
 """Mutants: deliberately broken variants of reference_impl, to show the checks can fail.
 
 Each mutant is an adapter (``--impl conformance.mutants:<Class>``): the reference adapter with one
-bug patched into ``reference_impl`` in every process it reaches (see ``_base.py``). Patches are
+bug patched into ``reference_impl`` in every process it reaches (see ``base.py``). Patches are
 process-global and never undone, so run each mutant in its own pytest process;
 ``tests/conformance/test_mutants.py`` does, over the check functions listed here, and asserts that
 every mutant is killed (some cell FAILS) while the unmutated reference passes the same cells.
 
 Catalogue (checks: the check functions that must each kill it, under conformance/checks/; every
 listed check runs and must have a FAILED cell: ``test_mutants.py`` skips a check's remaining cells
-once one failed (``conformance/mutants/_per_check.py``). Every check function under
+once one failed (``conformance/mutants/per_check.py``). Every check function under
 conformance/checks is listed for at least one mutant, except those in ``test_mutants.UNREACHABLE``
 (with the reason). A mutant with ``survivor`` set is a documented gap in the checks, run as a
 strict xfail):
@@ -79,7 +79,7 @@ mutant-comm-hook-non-atomic           refused root registration leaves earlier u
 ====================================  ==================================================================================  ==================================================================
 """
 
-from conformance.mutants._base import MutantAdapter, applied
+from conformance.mutants.base import MutantAdapter, applied
 from conformance.mutants.clip import (
     ClipInfSummed,
     ClipLocalNorm,

@@ -6,7 +6,7 @@ import importlib
 
 import torch.distributed as dist
 
-from conformance.mutants._base import MutantAdapter, Proxy, replace
+from conformance.mutants.base import MutantAdapter, Proxy, accepting_non_root, replace
 
 
 def _modules():
@@ -84,21 +84,8 @@ class ClipNonRootAccepted(MutantAdapter):
     checks = ("test_clip_grad.py::test_non_root",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import unit_of
-
         ri, clip = _modules()
-        original = clip.clip_grad_norm_
-
-        def clip_grad_norm_(module, max_norm, norm_type=2.0):
-            unit = unit_of(module)
-            if unit is None or unit.is_root:
-                return original(module, max_norm, norm_type)
-            unit.is_root = True  # the missing check: a sub-unit is treated as a root
-            try:
-                return original(module, max_norm, norm_type)
-            finally:
-                unit.is_root = False
-
+        clip_grad_norm_ = accepting_non_root(clip.clip_grad_norm_)
         replace(clip, "clip_grad_norm_", clip_grad_norm_)
         replace(ri, "clip_grad_norm_", clip_grad_norm_)
 

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import importlib
 
-from conformance.mutants._base import MutantAdapter, replace
+from conformance.mutants.base import MutantAdapter, accepting_non_root, replace
 
 
 def _modules():
     return importlib.import_module("reference_impl"), importlib.import_module("reference_impl.comm_hooks")
+
+
+def _root_unit(module):
+    """The unit of ``module``, which must be a root: the registration's first check, which the
+    rewritten registrations below keep."""
+    from reference_impl.sharding import unit_of
+
+    unit = unit_of(module)
+    if unit is None or not unit.is_root:
+        raise AssertionError("register_comm_hook can only be called on a root instance.")
+    return unit
 
 
 class CommHookIgnored(MutantAdapter):
@@ -60,21 +71,8 @@ class CommHookNonRootAccepted(MutantAdapter):
     checks = ("test_comm_hooks.py::test_registering_hook_non_root",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import unit_of
-
         ri, hooks = _modules()
-        original = hooks.register_comm_hook
-
-        def register_comm_hook(module, state, hook):
-            unit = unit_of(module)
-            if unit is None or unit.is_root:
-                return original(module, state, hook)
-            unit.is_root = True  # the missing check
-            try:
-                return original(module, state, hook)
-            finally:
-                unit.is_root = False
-
+        register_comm_hook = accepting_non_root(hooks.register_comm_hook)
         replace(hooks, "register_comm_hook", register_comm_hook)
         replace(ri, "register_comm_hook", register_comm_hook)
 
@@ -88,14 +86,12 @@ class CommHookRootOnlyChecked(MutantAdapter):
     checks = ("test_comm_hooks.py::test_registering_hook_submodules",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import unit_of, units
+        from reference_impl.sharding import units
 
         ri, hooks = _modules()
 
         def register_comm_hook(module, state, hook):
-            unit = unit_of(module)
-            if unit is None or not unit.is_root:
-                raise AssertionError("register_comm_hook can only be called on a root instance.")
+            unit = _root_unit(module)
             if unit.comm_hook is not None:  # the bug: only the root is checked
                 raise AssertionError("A communication hook is already registered")
             for u in units(module):
@@ -114,14 +110,12 @@ class CommHookNonAtomic(MutantAdapter):
     checks = ("test_comm_hooks.py::test_refused_registration_leaves_no_hook",)
 
     def patch(self) -> None:
-        from reference_impl.sharding import unit_of, units
+        from reference_impl.sharding import units
 
         ri, hooks = _modules()
 
         def register_comm_hook(module, state, hook):
-            unit = unit_of(module)
-            if unit is None or not unit.is_root:
-                raise AssertionError("register_comm_hook can only be called on a root instance.")
+            _root_unit(module)
             for u in units(module):
                 if u.comm_hook is not None:
                     raise AssertionError("A communication hook is already registered")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from conformance.mutants._base import MutantAdapter, replace
+from conformance.mutants.base import MutantAdapter, replace
 
 
 class ExtensionHooksIgnored(MutantAdapter):

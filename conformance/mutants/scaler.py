@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from conformance.mutants._base import MutantAdapter, replace
+from conformance.mutants.base import MutantAdapter, replace
+
+
+def _hide_grads(optimizer, which) -> list:
+    """Take off their parameters (``p.grad = None``) the gradients that ``which(grad)`` picks, so
+    that the original ``_unscale_grads_`` does not see them; returns the (param, grad) pairs to put
+    back."""
+    hidden = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None and which(p.grad):
+                hidden.append((p, p.grad))
+                p.grad = None
+    return hidden
 
 
 class ScalerFoundInfUnsynced(MutantAdapter):
@@ -83,12 +96,7 @@ class ScalerUnscaleSkipsSparse(MutantAdapter):
         original = ShardedGradScaler._unscale_grads_
 
         def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
-            hidden = []
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None and p.grad.is_sparse:
-                        hidden.append((p, p.grad))
-                        p.grad = None
+            hidden = _hide_grads(optimizer, lambda g: g.is_sparse)
             try:
                 return original(self, optimizer, inv_scale, found_inf, allow_fp16)
             finally:
@@ -114,17 +122,12 @@ class ScalerSparseNoCoalesce(MutantAdapter):
         original = ShardedGradScaler._unscale_grads_
 
         def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
-            hidden = []
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    g = p.grad
-                    if g is not None and g.is_sparse and g.dtype == torch.float16:
-                        values = g._values()
-                        values.mul_(inv_scale.to(values.dtype))  # the bug: no coalesce() first
-                        if not torch.isfinite(values).all():
-                            found_inf.fill_(1.0)
-                        hidden.append((p, g))
-                        p.grad = None
+            hidden = _hide_grads(optimizer, lambda g: g.is_sparse and g.dtype == torch.float16)
+            for _, g in hidden:
+                values = g._values()
+                values.mul_(inv_scale.to(values.dtype))  # the bug: no coalesce() first
+                if not torch.isfinite(values).all():
+                    found_inf.fill_(1.0)
             try:
                 per_device = original(self, optimizer, inv_scale, found_inf, allow_fp16)
                 for p, _ in hidden:

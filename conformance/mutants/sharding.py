@@ -8,7 +8,7 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from conformance.mutants._base import MutantAdapter, replace
+from conformance.mutants.base import MutantAdapter, replace
 
 
 def _collectives():

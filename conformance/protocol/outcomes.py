@@ -16,8 +16,9 @@ import pytest
 
 OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "unsupported", "skipped")
 BAD = ("failed", "error")                 # what makes a run fail
-REACHED = ("passed", "failed", "error", "xfailed", "xpassed")   # cells that reached a verdict
+GOOD = ("passed", "xpassed")              # the implementation did what the check states
 NOT_REACHED = ("unsupported", "skipped")  # left out of conformance, counted against coverage
+REACHED = tuple(o for o in OUTCOMES if o not in NOT_REACHED)  # cells that reached a verdict
 
 _PREFIX = "unsupported:"
 PROPERTY = "shardcheck_outcome"  # the user property that carries a cell's outcome through xdist

@@ -22,10 +22,9 @@ from rich.console import Console
 from rich.table import Column, Table
 from rich.text import Text
 
-from conformance.protocol.outcomes import BAD
+from conformance.protocol.outcomes import BAD, GOOD
 from conformance.report import matrix
 
-GOOD = ("passed", "xpassed")
 KINDS = ("regressed", "fixed", "changed", "appeared", "vanished")
 STYLE = {"regressed": "bold red", "fixed": "green", "changed": "yellow", "appeared": "cyan", "vanished": "magenta"}
 

@@ -27,9 +27,6 @@ from conformance.report.cells import strip_impl
 from conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "ReportError", "load", "validate", "markdown", "main"]
-NOT_RUN = NOT_REACHED                     # left out of the conformance percentage
-FAILING = BAD                             # listed as failing cells
-ORDER = OUTCOMES
 FOLD = 5                                  # longer lists of a finding's cells are folded (<details>)
 NOTE = ("Coverage = cells that reached a verdict / cells collected (unsupported and skipped cells did not "
         "reach one). Conformance = passed / reached (an xfailed, known failure counts as not passed).")
@@ -91,12 +88,12 @@ def tabulate(cells: dict[tuple[str, str], dict]):
 
 def rate(counter: Counter) -> float | None:
     """Conformance of a family x implementation cell of the table: passed / reached, in percent."""
-    ran = sum(n for outcome, n in counter.items() if outcome not in NOT_RUN)
+    ran = sum(n for outcome, n in counter.items() if outcome not in NOT_REACHED)
     return 100.0 * counter["passed"] / ran if ran else None
 
 
 def describe(counter: Counter) -> str:
-    return ", ".join(f"{counter[o]} {o}" for o in ORDER if counter[o])
+    return ", ".join(f"{counter[o]} {o}" for o in OUTCOMES if counter[o])
 
 
 def rows(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, dict, Counter]]:
@@ -139,7 +136,7 @@ def known(cells: dict[tuple[str, str], dict]) -> list[dict]:
 
 def failing(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, str]]:
     return [(column, cid, first_line(cell["message"]))
-            for (column, cid), cell in cells.items() if cell["outcome"] in FAILING]
+            for (column, cid), cell in cells.items() if cell["outcome"] in BAD]
 
 
 def header(reports: list[dict]) -> list[str]:

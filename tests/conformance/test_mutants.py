@@ -4,13 +4,13 @@ For each mutant in ``conformance.mutants.MUTANTS`` (one pytest item each) the ch
 run in their OWN pytest process (a mutant patches reference_impl process-wide)::
 
     python -m pytest conformance/checks/<dir>/<file>::<check> ... --impl conformance.mutants:<Class> \
-        -p conformance.mutants._per_check ...
+        -p conformance.mutants.per_check ...
 
 and at least one cell must FAIL; the killing cell is printed (``-s`` shows it). ``-x`` stops at the
 first failed cell, so a killed mutant is cheap. ``test_reference_passes_mutant_subsets`` runs the
 unmutated reference over exactly the cells that killed the mutants: each must pass, so a kill is
 never an artifact of a check that fails anyway. Every listed check function must kill its mutant
-(without -x; ``conformance/mutants/_per_check.py`` skips a function's remaining cells once one cell
+(without -x; ``conformance/mutants/per_check.py`` skips a function's remaining cells once one cell
 failed), and ``test_every_check_function_kills_a_mutant`` demands that every check function under
 conformance/checks is listed for some mutant (or is UNREACHABLE, with the reason).
 
@@ -44,7 +44,7 @@ RUN_SURVIVORS = os.environ.get("SHARDCHECK_MUTANT_SURVIVORS", "") == "1"
 RUN_TIMEOUT_S = 600
 # Only the plugins the checks need: skips ~1 s of plugin imports (hypothesis, xdist, ...) per run.
 PLUGINS = ["-p", "harness.plugin", "-p", "conformance.pytest_plugin.selection", "-p", "pytest_timeout"]
-PER_CHECK = ["-p", "conformance.mutants._per_check"]  # a killed check function's other cells are skipped
+PER_CHECK = ["-p", "conformance.mutants.per_check"]  # a killed check function's other cells are skipped
 BASELINE = "reference"
 
 
@@ -135,7 +135,7 @@ def _run(cmd: list[str]) -> Run:
 
 
 def _mutant_command(mutant) -> list[str]:
-    # Without -x: EVERY listed check function must show a FAILED cell; _per_check skips a function's
+    # Without -x: EVERY listed check function must show a FAILED cell; per_check skips a function's
     # remaining cells once one failed, so each kill costs about one cell.
     return _command(f"conformance.mutants:{mutant.__name__}", _selection(mutant.checks), stop_at_first_failure=False,
                     world_sizes=mutant.world_sizes) + PER_CHECK

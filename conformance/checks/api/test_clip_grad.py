@@ -37,22 +37,12 @@ pytestmark = [
 # ---------------------------------------------------------------- seed 003: FSDP1-style clip
 
 
-class _TwoLinear(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin1 = nn.Linear(5, 5)
-        self.lin2 = nn.Linear(5, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin2(self.lin1(x))
-
-
 @distributed(world_size=[2, 4])
 @pytest.mark.requires("full_shard", "nested_units")
 def test_non_root(ctx, impl):
     """clip_grad_norm_ on a non-root unit is refused."""
     with ctx.seeded(0):
-        model = _TwoLinear()
+        model = M.TwoLinear()
         inp = torch.randn(2, 5)
     model = impl.shard(model, ShardSpec(units=("lin2",), mesh=ctx.mesh()))
     model(inp).sum().backward()

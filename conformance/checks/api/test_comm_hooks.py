@@ -26,7 +26,8 @@ from conformance.checks.support.comm_hooks import plant_comm_hook
 from conformance.checks.support.compare import assert_close
 from conformance.checks.support.dp_reference import all_reduce_coalesced_
 from conformance.protocol.capabilities import of_strategy
-from conformance.checks.support.models import Net, resolve_units
+from conformance.checks.support.models import Net, unit_paths
+from conformance.checks.support.tensors import local_part
 from harness import distributed
 
 STRATEGIES = ["NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"]
@@ -42,20 +43,15 @@ def _caps(params) -> set[str]:
     return caps
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _build_net(ctx, impl, has_wrapping: bool, strategy: str, mixed_precision=None):
     """The seed's Net: `net.2` and `net` are their own units when has_wrapping, then the root; every
     unit with the same strategy and mixed precision. Returns (sharded root, unsharded copy, #units)."""
     with ctx.seeded(0):
         model = Net(has_wrapping=has_wrapping).to(ctx.device)
     ref = copy.deepcopy(model)
-    paths = [path for path, _ in resolve_units(model)]
-    sharded = impl.shard(model, ShardSpec(strategy=strategy, units=tuple(p for p in paths if p),
-                                          mixed_precision=mixed_precision))
-    return sharded, ref, len(paths)
+    units = unit_paths(model)
+    sharded = impl.shard(model, ShardSpec(strategy=strategy, units=units, mixed_precision=mixed_precision))
+    return sharded, ref, len(units) + 1  # and the root
 
 
 def _assert_no_hooks(impl, model, n_units: int) -> None:
@@ -107,7 +103,7 @@ def test_default_communication_hook_behavior(ctx, impl, strategy):
     for it in range(4):
         model.zero_grad()
         model(inpt).sum().backward()
-        grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+        grads = [local_part(p.grad) for p in model.parameters() if p.grad is not None]
         assert grads, "no gradient after backward"
         for g in grads:
             if g.numel():  # the seed checks grad[0] of each rank's (flat) shard

@@ -27,6 +27,7 @@ from conformance.checks.support.compare import assert_close
 from conformance.checks.support.dp_reference import average_gradients_
 from conformance.checks.support.models import MLP
 from conformance.checks.support.subclasses import TwoTensor
+from conformance.checks.support.tensors import full_value
 from harness import distributed
 
 pytestmark = pytest.mark.requires("all_gather_extensions")
@@ -101,7 +102,7 @@ def _split(actual: dict, expected: dict) -> tuple[dict, dict]:
     act, exp = {}, {}
     for name in expected.keys() | actual.keys():
         a, e = (d.get(name) for d in (actual, expected))
-        a, e = (t.full_tensor() if hasattr(t, "full_tensor") else t for t in (a, e))
+        a, e = full_value(a), full_value(e)
         if isinstance(e, TwoTensor) or isinstance(a, TwoTensor):
             for part in "ab":
                 act[f"{name}.{part}"] = getattr(a, part) if isinstance(a, TwoTensor) else a

@@ -25,16 +25,12 @@ from conformance.checks.support.compare import assert_close
 from conformance.protocol.capabilities import of_strategy
 from conformance.checks.support.dp_reference import average_gradients_
 from conformance.checks.support.grad_scaler import (
-    named_with_grad, set_nonuniform_req_grad, state_dict_round_trip, without_key_bias,
+    named_with_grad, state_dict_round_trip, without_key_bias,
 )
-from conformance.checks.support.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, resolve_units
+from conformance.checks.support.models import NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, unit_paths
 from conformance.checks.support.tensors import local_part
 from harness import distributed
 
-
-
-def _unit_paths(model) -> tuple[str, ...]:
-    return tuple(path for path, _ in resolve_units(model) if path)
 
 
 def _scaler(impl, ctx, **kwargs):
@@ -228,7 +224,7 @@ def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
     # The seed's MixedPrecision(param=reduce=buffer=fp16). Both models have no buffers, so buffer_dtype
     # changes nothing; it is left None so that implementations without buffer_dtype (FSDP2) run too.
     assert not list(model.buffers())
-    spec = ShardSpec(strategy=strategy, units=_unit_paths(model), offload=offload,
+    spec = ShardSpec(strategy=strategy, units=unit_paths(model), offload=offload,
                      mixed_precision=MixedPrecision(mp_dtype, mp_dtype) if mp_dtype else None)
     model = impl.shard(model, spec)
     if init == "device_after":  # seed CUDA_AFTER: moved to the device after sharding
@@ -241,8 +237,8 @@ def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
             return
         model = model.to(ctx.device)
     if nonuniform:
-        set_nonuniform_req_grad(model)
-        set_nonuniform_req_grad(ref)
+        NonUniformReqGradNWM.set_nonuniform_req_grad(model)  # like the seed: after sharding
+        NonUniformReqGradNWM.set_nonuniform_req_grad(ref)
         for m in (ref, model):
             assert any(p.requires_grad for p in m.parameters()) and not all(p.requires_grad for p in m.parameters())
     low = copy.deepcopy(ref).to(mp_dtype) if mp_dtype else ref  # the reference's compute copy
@@ -317,7 +313,7 @@ def test_sharded_grad_scaler_found_inf(ctx, impl, offload):
     with ctx.seeded(0):
         model = TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device)
     ref = copy.deepcopy(model)
-    model = impl.shard(model, ShardSpec(strategy="FULL_SHARD", units=_unit_paths(model), offload=offload))
+    model = impl.shard(model, ShardSpec(strategy="FULL_SHARD", units=unit_paths(model), offload=offload))
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     ref_optim = torch.optim.Adam(ref.parameters(), lr=1e-2)
     scaler = _scaler(impl, ctx, init_scale=2.0)

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from conformance.checks.support.tensors import full_value
+
 # torch.testing's defaults, named here so every check and every report states what it used.
 TOLERANCES = {  # dtype: (rtol, atol)
     torch.float64: (1e-7, 1e-7),
@@ -29,12 +31,6 @@ def _flat(x):
     return {"": x}
 
 
-def _local(t):
-    if t is not None and hasattr(t, "full_tensor"):  # a DTensor: compare the full value
-        t = t.full_tensor()
-    return t.detach() if isinstance(t, torch.Tensor) else t
-
-
 def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = None) -> None:
     """Assert `actual` matches `expected` (tensors, or dicts/lists of them; None must match None)
     within the tolerance of `dtype` (default: the expected tensors' dtype), and record
@@ -48,7 +44,7 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
     worst_abs = worst_rel = None
     rtol = atol = None
     for key in (k for k in expected if k in actual):
-        a, e = _local(actual[key]), _local(expected[key])
+        a, e = full_value(actual[key]), full_value(expected[key])  # a DTensor: its full value
         if e is None or a is None:
             if (e is None) != (a is None):
                 failures.append(f"{key}: one side is None ({a is None=}, {e is None=})")

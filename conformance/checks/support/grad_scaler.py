@@ -5,18 +5,7 @@ from __future__ import annotations
 import torch
 
 from conformance.checks.support.tensors import local_part
-from conformance.checks.support.models import NonUniformReqGradNWM, TransformerWithSharedParams
-
-
-def set_nonuniform_req_grad(model) -> None:
-    """NonUniformReqGradNWM's freezing (only `module.2.*.1.*` trains), applied like the seed after
-    sharding: names are matched with wrapper-internal path components (`_fsdp_wrapped_module`, any
-    component starting with "_") dropped, so it works through any implementation's wrappers."""
-    pattern = NonUniformReqGradNWM.REQ_GRAD_PATTERN
-    for name, p in model.named_parameters():
-        clean = ".".join(c for c in name.split(".") if not c.startswith("_"))
-        if not pattern.match(clean):
-            p.requires_grad_(False)
+from conformance.checks.support.models import TransformerWithSharedParams
 
 
 def zero_params_(model) -> None:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conformance.checks.support.models import NestedWrappedModule, resolve_units
+from conformance.checks.support.models import NestedWrappedModule, unit_paths
 
 
 class UnevenMLP(nn.Module):
@@ -76,5 +76,5 @@ class Workload:
 WORKLOADS = {
     "uneven_mlp": Workload(UnevenMLP, _mlp_loss, _mlp_batches, ("body",)),
     "nested": Workload(lambda: NestedWrappedModule(), _nested_loss, _nested_batches,
-                       tuple(p for p, _ in resolve_units(NestedWrappedModule()) if p)),
+                       unit_paths(NestedWrappedModule())),
 }

@@ -17,7 +17,7 @@ Nothing here imports torch's private test utilities or ``torch.distributed.fsdp`
 """
 
 
-from conformance.checks.support.models.wrapping import ConformanceModel, ShardUnit, TPStyle, WrapSpec, resolve_units, wrap_spec_of
+from conformance.checks.support.models.wrapping import ConformanceModel, RankedModel, ShardUnit, TPStyle, WrapSpec, resolve_units, unit_paths, wrap_spec_of
 from conformance.checks.support.models.fsdp_models import Net, NestedWrappedModule, NonUniformReqGradNWM, TransformerWithSharedParams, TwoLinear
 from conformance.checks.support.models.dtensor_models import MLP, Attention, ExpertLayer, Experts, FeedForward, MLPStack, ModelArgs, Transformer, TransformerBlock
 
@@ -26,8 +26,10 @@ __all__ = [
     "WrapSpec",
     "TPStyle",
     "resolve_units",
+    "unit_paths",
     "wrap_spec_of",
     "ConformanceModel",
+    "RankedModel",
     "TransformerWithSharedParams",
     "NestedWrappedModule",
     "NonUniformReqGradNWM",

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn import TransformerDecoderLayer, TransformerEncoderLayer
 
-from conformance.checks.support.models.wrapping import ConformanceModel, ShardUnit, WrapSpec
+from conformance.checks.support.models.wrapping import ConformanceModel, RankedModel, ShardUnit, WrapSpec
 
 
 
@@ -19,7 +19,7 @@ from conformance.checks.support.models.wrapping import ConformanceModel, ShardUn
 # --------------------------------------------------------------------------
 
 
-class TransformerWithSharedParams(ConformanceModel):
+class TransformerWithSharedParams(RankedModel):
     """``nn.Transformer`` (2 enc + 2 dec layers, d_model 16, ffn 8) with the
     token embedding tied to the output projection.
 
@@ -58,20 +58,9 @@ class TransformerWithSharedParams(ConformanceModel):
         ),
     }
 
-    def __init__(
-        self,
-        rank: int = 0,
-        world_size: int = 1,
-        *,
-        add_bn: bool = True,
-        deterministic: bool = False,
-        device: torch.device | str | None = None,
-    ):
-        super().__init__()
-        self.rank = rank
-        self.world_size = world_size
-        if deterministic:
-            torch.manual_seed(0)
+    EVAL_WHEN_DETERMINISTIC = True
+
+    def build(self, add_bn: bool = True) -> None:
         d_vocab, d_model = self.D_VOCAB, self.D_MODEL
         self.embed_tokens = nn.Embedding(d_vocab, d_model)
         self.transformer = nn.Transformer(
@@ -90,17 +79,9 @@ class TransformerWithSharedParams(ConformanceModel):
         )
         self.bs = self.BS
         self.bn = nn.BatchNorm1d(self.bs) if add_bn else nn.Identity()
-        if device is not None:
-            self.to(device)
-        if deterministic:
-            self.eval()
-
-    @classmethod
-    def from_group(cls, group, **kwargs) -> "TransformerWithSharedParams":
-        return cls(group.rank(), group.size(), **kwargs)
 
     def get_input(self, device):
-        torch.manual_seed(1 + self.rank)  # keep everything deterministic
+        self.seed_input()
         src = torch.arange(12, device=device).view(6, self.bs)  # T x B
         tgt = torch.arange(self.bs * 4, device=device).view(4, self.bs)  # T x B
         return (src, tgt)
@@ -126,7 +107,7 @@ class TransformerWithSharedParams(ConformanceModel):
 # --------------------------------------------------------------------------
 
 
-class NestedWrappedModule(ConformanceModel):
+class NestedWrappedModule(RankedModel):
     """``Linear(8,4) -> [Linear(4,16) -> Linear(16,16)] -> Linear(16,4) -> Linear(4,8)``.
 
     torch's ``NestedWrappedModule.init(RECURSIVE)`` builds
@@ -145,37 +126,16 @@ class NestedWrappedModule(ConformanceModel):
         ),
     }
 
-    def __init__(
-        self,
-        rank: int = 0,
-        world_size: int = 1,
-        *,
-        deterministic: bool = False,
-        device: torch.device | str | None = None,
-    ):
-        super().__init__()
-        self.rank = rank
-        self.world_size = world_size
-        if deterministic:
-            torch.manual_seed(0)
-        self.module = self._build()
-        if device is not None:
-            self.to(device)
-
-    def _build(self) -> nn.Sequential:
-        return nn.Sequential(
+    def build(self) -> None:
+        self.module = nn.Sequential(
             nn.Linear(8, 4),
             nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 16)),
             nn.Linear(16, 4),
             nn.Linear(4, 8),
         )
 
-    @classmethod
-    def from_group(cls, group, **kwargs):
-        return cls(group.rank(), group.size(), **kwargs)
-
     def get_input(self, device):
-        torch.manual_seed(1 + self.rank)  # keep everything deterministic
+        self.seed_input()
         return (torch.rand(4, 8, device=device),)
 
     def forward(self, x):
@@ -188,8 +148,7 @@ class NonUniformReqGradNWM(NestedWrappedModule):
     except ``module.2.1.*`` is frozen, so with 2+ ranks some ranks hold no
     trainable (non-zero sized) shard -- used with ``use_orig_params=True``.
 
-    torch freezes AFTER wrapping (the regex also matches names containing
-    ``_fsdp_wrapped_module``). Build with ``freeze=False``, wrap, then call
+    torch freezes AFTER wrapping. Build with ``freeze=False``, wrap, then call
     ``NonUniformReqGradNWM.set_nonuniform_req_grad(wrapped)`` to reproduce that
     order; the default ``freeze=True`` gives torch's NO_FSDP (reference) model.
     """
@@ -203,31 +162,24 @@ class NonUniformReqGradNWM(NestedWrappedModule):
         ),
     }
 
-    def __init__(
-        self,
-        rank: int = 0,
-        world_size: int = 1,
-        *,
-        deterministic: bool = False,
-        device: torch.device | str | None = None,
-        freeze: bool = True,
-    ):
-        super().__init__(rank, world_size, deterministic=deterministic, device=device)
-        if freeze:
-            self.set_nonuniform_req_grad(self)
-
-    def _build(self) -> nn.Sequential:
-        return nn.Sequential(
+    def build(self, freeze: bool = True) -> None:
+        self.module = nn.Sequential(
             nn.Linear(8, 4),
             nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 16)),
             nn.Sequential(nn.Linear(16, 4), nn.Linear(4, 8)),
         )
+        if freeze:
+            self.set_nonuniform_req_grad(self)
 
     @classmethod
     def set_nonuniform_req_grad(cls, model: nn.Module, pattern=None) -> None:
+        """Freeze every parameter but those matching ``pattern`` (default ``REQ_GRAD_PATTERN``).
+        Names are matched with wrapper-internal path components (FSDP1's ``_fsdp_wrapped_module``,
+        any component starting with "_") dropped, so it works through any implementation's wrappers."""
         pattern = pattern or cls.REQ_GRAD_PATTERN
         for name, param in model.named_parameters():
-            if not re.match(pattern, name):
+            clean = ".".join(c for c in name.split(".") if not c.startswith("_"))
+            if not re.match(pattern, clean):
                 param.requires_grad_(False)
 
 

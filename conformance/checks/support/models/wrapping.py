@@ -115,6 +115,11 @@ def resolve_units(
     return units
 
 
+def unit_paths(model: nn.Module, variant: str | None = None) -> tuple[str, ...]:
+    """The paths of the non-root units of ``resolve_units``, innermost first (a ShardSpec's units)."""
+    return tuple(path for path, _ in resolve_units(model, variant) if path)
+
+
 def wrap_spec_of(model: nn.Module, variant: str | None = None) -> WrapSpec:
     variant = variant or getattr(model, "wrap_variant", "default")
     if variant == "root_only":
@@ -142,3 +147,39 @@ class ConformanceModel(nn.Module):
 
     def run_backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+
+class RankedModel(ConformanceModel):
+    """A model built for one rank of a group, with torch's ``FSDPTestModel`` constructor:
+    ``cls(rank, world_size, *, deterministic, device, **options)``.
+
+    In this order: ``deterministic`` seeds 0, ``build(**options)`` makes the layers, ``device``
+    moves them, and ``deterministic`` puts the model in ``eval()`` where ``EVAL_WHEN_DETERMINISTIC``
+    (torch's TransformerWithSharedParams turns dropout off that way). ``rank`` seeds
+    ``get_input`` (``seed_input``); ``from_group`` reads rank and size from a process group."""
+
+    EVAL_WHEN_DETERMINISTIC: ClassVar[bool] = False
+
+    def __init__(self, rank: int = 0, world_size: int = 1, *, deterministic: bool = False,
+                 device: torch.device | str | None = None, **options: Any) -> None:
+        super().__init__()
+        self.rank = rank
+        self.world_size = world_size
+        if deterministic:
+            torch.manual_seed(0)
+        self.build(**options)
+        if device is not None:
+            self.to(device)
+        if deterministic and self.EVAL_WHEN_DETERMINISTIC:
+            self.eval()
+
+    def build(self) -> None:  # pragma: no cover - every model overrides it
+        raise NotImplementedError
+
+    @classmethod
+    def from_group(cls, group, **kwargs):
+        return cls(group.rank(), group.size(), **kwargs)
+
+    def seed_input(self) -> None:
+        """torch's convention: a rank's inputs are drawn after seeding ``1 + rank``."""
+        torch.manual_seed(1 + self.rank)

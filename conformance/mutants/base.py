@@ -39,6 +39,24 @@ def replace(owner: Any, attr: str, value: Any) -> Any:
     return original
 
 
+def accepting_non_root(original: Any) -> Any:
+    """``original(module, ...)``, a root-only entry point of reference_impl, with its root check
+    missing: a non-root unit is treated as a root for the call, so the call covers only its subtree."""
+    from reference_impl.sharding import unit_of
+
+    def accepting(module, *args, **kwargs):
+        unit = unit_of(module)
+        if unit is None or unit.is_root:
+            return original(module, *args, **kwargs)
+        unit.is_root = True  # the missing check: a sub-unit is treated as a root
+        try:
+            return original(module, *args, **kwargs)
+        finally:
+            unit.is_root = False
+
+    return accepting
+
+
 class Proxy:
     """Stands in for a module inside one reference_impl module (``clip.dist``, ``clip.torch``): the
     attributes given here replace the real ones, everything else is the real module's."""

@@ -1,6 +1,6 @@
 """pytest plugin for mutant runs: once a cell of a check function FAILED, the function's remaining
 cells are skipped ("already killed"), so that every listed check function gets to show its kill in
-one pytest process without running all of its cells. Loaded with ``-p conformance.mutants._per_check``
+one pytest process without running all of its cells. Loaded with ``-p conformance.mutants.per_check``
 by tests/conformance/test_mutants.py."""
 
 from __future__ import annotations
