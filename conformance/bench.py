@@ -1,7 +1,7 @@
 """Where the conformance matrix spends its time: `python -m conformance.bench`.
 
-Runs `shardcheck run` (the reference implementation, every family, world sizes 2 and 4 unless told
-otherwise) on gloo, then the same matrix on the threaded backend, each in a child process, and prints
+Runs `shardcheck run` (the reference implementation, every family, every world size a check declares,
+unless told otherwise) on gloo, then the same matrix on the threaded backend, each in a child process, and prints
 a table and one JSON line per backend plus the gloo/threaded ratio: wall time, user and system CPU (the
 run and its ranks), cells, and the split of the wall time into
 
@@ -173,8 +173,9 @@ def split(bench_dir: str, wall: float) -> dict[str, float]:
 def run_matrix(backend: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="shardcheck-bench-") as tmp:
         report = os.path.join(tmp, "report.json")
-        cmd = [sys.executable, "-m", "conformance.cli", "run", "--backend", backend, "--output", report,
-               "--world-sizes", args.world_sizes]
+        cmd = [sys.executable, "-m", "conformance.cli", "run", "--backend", backend, "--output", report]
+        if args.world_sizes:
+            cmd += ["--world-sizes", args.world_sizes]
         for impl in args.impl:
             cmd += ["--impl", impl]
         if args.family:
@@ -204,7 +205,7 @@ def run_matrix(backend: str, args) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m conformance.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--impl", action="append", default=None, help="default: reference")
-    parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument("--world-sizes", default=None, help="default: every size a check declares (2, 3, 4)")
     parser.add_argument("--family", default=None, help="comma-separated families (default: all)")
     parser.add_argument("--backends", default="gloo,threaded")
     args = parser.parse_args(argv)

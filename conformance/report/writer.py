@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.protocol.outcomes import outcome_of
+from conformance.protocol.outcomes import BAD, outcome_of
 from conformance.report import compact, coverage, reading, texts
 from conformance.report.reading import SCHEMA_VERSION
 from conformance.report.texts import KNOWN_FAILURE_LIMIT, MESSAGE_LIMIT, bounded
@@ -83,7 +83,7 @@ def _message(report, outcome: str) -> str:
     """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise; bounded."""
     if outcome in ("skipped", "unsupported") and isinstance(report.longrepr, tuple):
         return bounded(str(report.longrepr[2]).removeprefix("Skipped: "))
-    return bounded(report.longreprtext) if outcome in ("failed", "error", "xfailed") else ""
+    return bounded(report.longreprtext) if outcome in BAD or outcome == "xfailed" else ""
 
 
 class StreamError(ValueError):
