@@ -13,9 +13,8 @@ run and its ranks), cells, and the split of the wall time into
     reporting  the report writer and the progress display
 
 The split (gloo runs; the threaded run is timed only) comes from a sampling profiler (about 100 Hz)
-in the pytest process and in every rank: it is
-loaded into the run as a pytest plugin (`-p conformance.bench`, active only when SHARDCHECK_BENCH_DIR
-is set). A rank's sample is put in the first category named by a frame of its check body, outermost
+in the pytest process and in every rank: it is loaded into the run as a pytest plugin
+(`-p conformance.bench`, active only when SHARDCHECK_BENCH_DIR is set). A rank's sample is put in the first category named by a frame of its check body, outermost
 first (a gather inside a forward counts as training; a forward inside `full_params` as comparison).
 The parent's time waiting for ranks is split in the ranks' proportions.
 """
@@ -36,6 +35,7 @@ import time
 import pytest
 
 from conformance.report import reading
+from harness.stacks import BODY_CALLER
 
 INTERVAL_S = 0.01
 SAMPLER = pytest.StashKey()
@@ -47,8 +47,6 @@ BY_FUNCTION = {
     **dict.fromkeys(("forward_backward", "step", "backward", "_wrapped_call_impl",
                      "clip_grad_norm_", "unscale_", "update", "zero_grad"), "train"),
 }
-
-
 RANKS_RUNNING = ("wait_for_ranks", "run_threads")  # the parent's frames while a test's ranks run
 
 
@@ -65,7 +63,7 @@ def rank_category(frame) -> str | None:
     """The category of a rank thread's sample; None while it is idle between tests."""
     frames = _frames(frame)
     starts = [i for i, f in enumerate(frames)
-              if f.f_code.co_name == "execute" and f.f_code.co_filename.endswith("harness/task.py")]
+              if f.f_code.co_name == "execute" and f.f_code.co_filename.endswith(BODY_CALLER)]
     if not starts:
         idle = any(f.f_code.co_name in ("recv", "_recv", "get", "wait") for f in frames[-3:])
         return None if idle else "harness"

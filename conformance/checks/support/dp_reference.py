@@ -107,10 +107,10 @@ class DataParallelReference:
         self.compute.zero_grad(set_to_none=True)
         loss = self.recipe.loss_fn(self.compute, batch)
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        pairs = [(low.grad.to(self.reduce_dtype) if self.reduce_dtype and low.grad is not None else low.grad, p)
-                 for low, p in zip(self.compute.parameters(), self.master.parameters())]
-        average_gradients_([g for g, _ in pairs], self.group)
-        for g, p in pairs:
+        grads = [None if low.grad is None else low.grad.to(self.reduce_dtype or low.grad.dtype)
+                 for low in self.compute.parameters()]
+        average_gradients_(grads, self.group)
+        for g, p in zip(grads, self.master.parameters()):
             p.grad = None if g is None else g.to(p.dtype)
         return loss.detach()
 
