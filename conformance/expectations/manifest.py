@@ -9,7 +9,11 @@
     version = "<0.20"       # optional: versions of the implementation itself
     variants = ["flat"]     # optional: only these variants ("default": the plain name); else all
 
-Any other key is an error, so is an entry without cells, reason and repro. A manifest path given by
+Any other key is an error, so is an entry without cells, reason and repro.
+
+`shardcheck explore` (conformance/explore/) recognises its known findings by `[[explore]]` entries:
+`facts` (named properties of the drawn configuration) and `error` (a regex the failure must show)
+instead of `cells`; the other keys as above. conformance/explore/findings.py says how they match. A manifest path given by
 an adapter (its `expectations` attribute) is relative to the adapter's module file. Variants of an
 implementation (`torch-fsdp1[flat]`) share its manifest.
 """
@@ -26,6 +30,7 @@ from packaging.version import InvalidVersion, Version
 
 HERE = Path(__file__).parent
 REQUIRED = {"cells", "reason", "repro"}
+EXPLORE_REQUIRED = {"facts", "error", "reason", "repro"}
 OPTIONAL = {"finding", "torch", "version", "variants"}
 
 
@@ -71,25 +76,38 @@ def _applies(entry: dict, adapter, where: str) -> bool:
 
 def load(adapter) -> list[dict]:
     """The entries of `adapter`'s manifest that apply to the installed torch and implementation."""
+    return _load(adapter, "xfail", REQUIRED)
+
+
+def load_explore(adapter) -> list[dict]:
+    """The `[[explore]]` entries of `adapter`'s manifest that apply (explore's known findings)."""
+    entries = _load(adapter, "explore", EXPLORE_REQUIRED)
+    for entry in entries:
+        if not isinstance(entry["facts"], dict) or not isinstance(entry["error"], str):
+            raise ManifestError(f"{entry['_path']}: an explore entry needs facts (a table) and error (a regex)")
+    return entries
+
+
+def _load(adapter, table: str, required: set[str]) -> list[dict]:
     path = path_of(adapter)
     if not path.exists():
         if getattr(adapter, "expectations", None):
             raise ManifestError(f"{adapter.name}: expectations manifest {path} does not exist")
         return []
     try:
-        entries = tomllib.loads(path.read_text()).get("xfail", [])
+        entries = tomllib.loads(path.read_text()).get(table, [])
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: {exc}") from None
     out = []
     for i, entry in enumerate(entries):
-        where = f"{path} entry {i + 1}"
-        missing, extra = REQUIRED - set(entry), set(entry) - REQUIRED - OPTIONAL
+        where = f"{path} {table} entry {i + 1}"
+        missing, extra = required - set(entry), set(entry) - required - OPTIONAL
         if missing:
             raise ManifestError(f"{where} lacks {', '.join(sorted(missing))}")
         if extra:
             raise ManifestError(f"{where}: unknown key(s) {', '.join(sorted(extra))} "
-                                f"(known: {', '.join(sorted(REQUIRED | OPTIONAL))})")
-        if not isinstance(entry["cells"], list) or not entry["cells"]:
+                                f"(known: {', '.join(sorted(required | OPTIONAL))})")
+        if table == "xfail" and (not isinstance(entry["cells"], list) or not entry["cells"]):
             raise ManifestError(f"{where}: cells must be a non-empty list of globs")
         if _applies(entry, adapter, where):
             out.append({**entry, "_path": str(path)})
