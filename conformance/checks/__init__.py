@@ -2,7 +2,8 @@
 test_<family>*.py.
 
 * behaviour/: what every correct data-parallel trainer does, judged through `Adapter.trainer`
-  (parity with unsharded training step by step, loss scaling, mixed precision). Any engine.
+  (parity with unsharded training step by step, loss scaling, mixed precision; explore: drawn
+  configurations, conformance/explore/). Any engine.
 * api/: torch's FSDP-style APIs (clip_grad_norm_ on a module, sharded GradScaler, comm hooks,
   all-gather extensions), reached only by implementations that expose them.
 """
@@ -10,7 +11,7 @@ test_<family>*.py.
 from pathlib import Path
 
 LAYERS = {
-    "behaviour": ("train_parity", "loss_scaling", "mixed_precision"),
+    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore"),
     "api": ("clip_grad", "grad_scaler", "extensions", "comm_hooks"),
 }
 FAMILIES = tuple(f for families in LAYERS.values() for f in families)

@@ -31,6 +31,11 @@ its size before and after.
 the families x implementations table, the cells that regressed or got fixed between two reports
 (exit 1 on regressions), and the fake-process-group simulation of shard shapes, bytes and
 collectives at world sizes beyond the machine. `run --launcher torchrun` runs on torchrun's ranks.
+
+    shardcheck explore --impl NAME [--budget SECONDS] [--seed N]    (conformance/cli/explore.py)
+
+draws whole training configurations, compares each with unsharded data-parallel training, and
+shrinks a new failure to a minimal configuration with a one-line reproducer.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from pathlib import Path
 import pytest
 
 from conformance.checks import FAMILIES
+from conformance.cli import explore as explore_command
 
 CHECKS = Path(__file__).parents[1] / "checks"
 
@@ -257,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_matrix_and_diff(sub)
     from conformance.simulate import command as simulate_command
     simulate_command.add_parser(sub)
+    explore_command.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
     args.argv = full_argv
     if args.command in ("matrix", "diff"):
@@ -269,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         return _report_assemble(args) if args.report_command == "assemble" else _report_upgrade(args)
     if args.command == "simulate":
         return _simulate(args, extra + passthrough)
+    if args.command == "explore":
+        if extra or passthrough:
+            parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
+        return explore_command.main(args)
     return _run(args, extra + passthrough)
 
 

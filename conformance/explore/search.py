@@ -39,12 +39,12 @@ class NewFailure(Exception):
 @dataclass
 class Limits:
     """How far a search goes: examples (all runs, shrinking included), seconds, shrink runs per
-    finding, the largest world size drawn, the backend, one example's deadline."""
+    finding, the world sizes drawn, the backend, one example's deadline."""
 
     max_examples: int = 200
     budget_s: float = 120.0
     shrink_examples: int = 150
-    max_world_size: int = 4
+    world_sizes: tuple[int, ...] = (1, 2, 3, 4)
     backend: str = "gloo"
     example_timeout_s: float = EXAMPLE_TIMEOUT_S
 
@@ -132,13 +132,13 @@ class Search:
     def one_round(self, index: int) -> NewFailure | None:
         """One hypothesis run (seed + index); its new failure, shrunk, or None."""
         state = Round()
-        caps, max_ws = self.impl.capabilities, self.limits.max_world_size
+        caps, sizes = self.impl.capabilities, self.limits.world_sizes
 
         @hypothesis_seed(self.seed + index)
         @settings(database=None, deadline=None, max_examples=max(1, self.limits.max_examples),
                   phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False, verbosity=Verbosity.quiet,
                   suppress_health_check=list(HealthCheck), print_blob=False)
-        @given(strategies.configs(caps, max_ws))
+        @given(strategies.configs(caps, sizes))
         def prop(config):
             self.example(state, config)
 

@@ -138,3 +138,24 @@ class HybridNoReplicaReduce(MutantAdapter):
         C = _collectives()
         original = C.average_gradient
         replace(C, "average_gradient", lambda flat, shard_group, replicate_group: original(flat, shard_group, None))
+
+
+class GradPostDivideFloor(MutantAdapter):
+    """The post-divide factor computed with integer division: ``ws // f`` instead of ``ws / f``.
+    Exact whenever ``f`` divides ``ws``, which holds at every power of two (world sizes 2, 4, 8:
+    the fixed matrix's), and wrong at world size 3 (``f = 2``, ``3 // 2 = 1``): gradients 1.5x too
+    large. Only a drawn world size finds it: ``shardcheck explore`` (family explore)."""
+
+    name = "mutant-grad-postdivide-floor"
+    bug = "post-divide factor by integer division (ws // f): wrong at odd world sizes"
+    checks = ("test_explore.py::test_explore",)
+    world_sizes = (3,)  # what explore's cell draws under test_mutants' --world-sizes
+
+    def patch(self) -> None:
+        C = _collectives()
+
+        def divide_factors(ws):
+            pre = C.predivide_factor(ws)
+            return pre, float(ws // int(pre))
+
+        replace(C, "divide_factors", divide_factors)
