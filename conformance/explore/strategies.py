@@ -43,9 +43,11 @@ def subset(draw, items) -> tuple[int, ...]:
 
 @st.composite
 def model_shape(draw, capabilities) -> dict:
-    """Depth, widths (1 .. MAX_WIDTH), biases, buffers, tying, frozen blocks."""
+    """Depth, widths (1 .. MAX_WIDTH, small ones favoured: empty and padded shards), biases,
+    buffers, tying, frozen blocks."""
     depth = draw(st.integers(1, MAX_DEPTH))
-    widths = [draw(st.integers(1, MAX_WIDTH)) for _ in range(depth + 1)]
+    width = st.one_of(st.integers(1, 4), st.integers(1, MAX_WIDTH))  # half the draws at most 4 wide
+    widths = [draw(width) for _ in range(depth + 1)]
     tied = depth >= 2 and draw(st.booleans())
     if tied:  # the last block's weight is the first's: same shape
         widths[depth - 1] = widths[0]
@@ -96,11 +98,12 @@ def optimizer(draw) -> dict:
 
 @st.composite
 def clipping(draw, capabilities) -> dict:
-    """No clip, or a max_norm over six orders of magnitude with a declared norm type."""
-    norms = [n for n in NORM_TYPES if of_norm(n) in capabilities]
-    if not norms or not draw(st.booleans()):
+    """No clip, or a max_norm over six orders of magnitude with a declared norm type (drawn as one
+    choice among "none" and the norm types, so that clipping is drawn most of the time)."""
+    norm = draw(st.sampled_from([None, *(n for n in NORM_TYPES if of_norm(n) in capabilities)]))
+    if norm is None:
         return dict(max_norm=None)
-    return dict(max_norm=10.0 ** draw(st.integers(-3, 3)), norm_type=draw(st.sampled_from(norms)))
+    return dict(max_norm=10.0 ** draw(st.integers(-3, 3)), norm_type=norm)
 
 
 @st.composite

@@ -1,0 +1,139 @@
+"""`shardcheck explore` (conformance/explore/): drawn configurations, their JSON form, manifest
+matching, and end to end with a fixed seed: the FSDP2 empty-shard inf-norm failure (F9) rediscovered
+and shrunk unaided, a mutant that only explore kills, replay of a finding.
+
+Searches against mutants run in their own processes (a mutant patches reference_impl process-wide).
+`SHARDCHECK_EXPLORE_MUTANTS=1` also runs explore against every behaviour-level mutant the fixed
+matrix kills (about a minute per mutant on 2 busy cores).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from conformance.adapters import load
+from conformance.explore import findings, strategies
+from conformance.explore.config import Config, dumps, from_json, loads, to_json
+from conformance.explore.run import Outcome, signature
+from conformance.explore.search import Limits, explore
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE_CAPS = load("reference").capabilities
+F9_ERROR = "cannot compute the infinity norm on an empty tensor"
+QUICK = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                 suppress_health_check=list(HealthCheck))
+
+
+@QUICK
+@given(strategies.configs(REFERENCE_CAPS))
+def test_config_json_round_trip(config):
+    """Every drawn configuration survives to_json -> JSON text -> from_json unchanged."""
+    assert loads(dumps(config)) == config
+    assert from_json(json.loads(json.dumps(to_json(config)))) == config
+
+
+@QUICK
+@given(strategies.configs(load("ddp").capabilities))
+def test_draws_stay_within_declared_capabilities(config):
+    """DDP declares NO_SHARD and no nested units: no other strategy, no unit, no 2-D mesh is drawn."""
+    assert config.strategies == {"NO_SHARD"} and not config.units
+    assert config.mesh is None
+
+
+def test_facts_use_torch_chunking():
+    """4 rows over 3 ranks split 2, 2, 0: an empty shard although rows >= ranks (found by explore)."""
+    base = dict(bias=(False,), max_norm=1.0, norm_type=math.inf)
+    assert Config(world_size=3, widths=(2, 4), **base).facts()["empty_shard"]
+    assert not Config(world_size=3, widths=(2, 3), **base).facts()["empty_shard"]
+    assert Config(world_size=2, widths=(2, 1), **base).facts()["norm_type"] == "inf"
+    assert not Config(world_size=4, widths=(2, 1), strategy="NO_SHARD", **base).facts()["empty_shard"]
+
+
+def test_signature_is_free_of_ranks_steps_and_values():
+    head = ("rank 1: AssertionError: step 2 gradients: 1 mismatch(es) beyond rtol=1.3e-06 atol=1e-05; "
+            "max abs error 2.04e-05 (2 of 3 ranks failed; then, as a consequence, rank 0)")
+    assert signature(head) == "AssertionError: step N gradients"
+    mesh = "rank 0: ValueError: All operands in aten.stack.default must have the same mesh, but got X (1 of 1 ranks failed)"
+    assert signature(mesh) == "ValueError: All operands in aten.stack.default must have the same mesh"
+
+
+def test_manifest_entry_needs_facts_and_error():
+    """torch-fsdp2's F9 entry matches an inf-norm empty-shard failure only: other facts or another
+    error are not excused."""
+    entries = findings.manifest_entries(load("torch-fsdp2"))
+    f9 = Config(world_size=2, widths=(3, 1), bias=(False,), max_norm=1.0, norm_type=math.inf)
+    failed = Outcome("failed", f"rank 1: RuntimeError: _foreach_norm {F9_ERROR}", "sig")
+    assert findings.known_entry(entries, f9, failed)["finding"] == "F9"
+    other_error = Outcome("failed", "AssertionError: step 0 gradients: ...", "sig")
+    assert findings.known_entry(entries, f9, other_error) is None
+    no_empty_shard = Config(world_size=2, widths=(3, 2), bias=(False,), max_norm=1.0, norm_type=math.inf)
+    assert findings.known_entry(entries, no_empty_shard, failed) is None
+
+
+def test_rediscovers_fsdp2_inf_norm_on_empty_shard():
+    """Unaided (no manifest), seed 0: the first new failure of torch-fsdp2 is F9, shrunk to a
+    minimal configuration that still has an inf-norm clip and an empty shard."""
+    result = explore(load("torch-fsdp2"), seed=0, entries=[],
+                     limits=Limits(max_examples=40, budget_s=240, shrink_examples=12))
+    assert result.findings, f"no finding in {result.examples} examples"
+    first = result.findings[0]
+    assert F9_ERROR in first.message, first.message[:2000]
+    facts = first.config.facts()
+    assert facts["norm_type"] == "inf" and facts["empty_shard"], to_json(first.config)
+    print(f"\nrediscovered in {result.examples} examples, {result.seconds:.1f} s: {dumps(first.config)}")
+
+
+def _explore_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return subprocess.run([sys.executable, "-m", "conformance.cli", "explore", *args, "-o", str(tmp_path / "r.json")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_explore_kills_a_mutant_the_fixed_matrix_misses(tmp_path):
+    """mutant-grad-postdivide-floor is exact at world sizes 2 and 4 (every cell of the fixed
+    matrix passes) and wrong at 3: explore finds it; the unmutated reference passes the same search."""
+    args = ("--world-sizes", "3", "--examples", "6", "--shrink", "0", "--seed", "0")
+    mutant = _explore_cli("--impl", "conformance.mutants:GradPostDivideFloor", *args, tmp_path=tmp_path)
+    assert mutant.returncode == 1, mutant.stdout + mutant.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    [run] = report["explore"]
+    assert run["findings"] and "AssertionError" in run["findings"][0]["signature"], run
+    assert run["findings"][0]["reproducer"].startswith("shardcheck explore --replay ")
+    reference = _explore_cli("--impl", "reference", *args, tmp_path=tmp_path)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+
+
+def test_replay_runs_a_finding_file(tmp_path, capsys):
+    """A finding file replays: F9's minimal configuration fails on torch-fsdp2 (exit 1), passes on
+    the reference (exit 0)."""
+    from conformance.cli.main import main
+
+    config = Config(world_size=2, widths=(1, 1), bias=(False,), max_norm=1.0, norm_type=math.inf, steps=1)
+    finding = findings.Finding("torch-fsdp2", 0, config, "RuntimeError: ...", "")
+    path = tmp_path / "f9.json"
+    path.write_text(json.dumps(findings.replay_document(finding)))
+    assert main(["explore", "--replay", str(path)]) == 1
+    assert F9_ERROR in capsys.readouterr().out
+    assert main(["explore", "--replay", str(path), "--impl", "reference"]) == 0
+
+
+MATRIX_KILLED = ("ClipLocalNorm", "ScalerFoundInfUnsynced", "GradNotAveraged", "ReduceInParamDtype",
+                 "ScalerNoBackoff", "ScalerGrowthOffByOne", "HybridNoReplicaReduce")
+
+
+@pytest.mark.skipif(os.environ.get("SHARDCHECK_EXPLORE_MUTANTS") != "1",
+                    reason="slow: set SHARDCHECK_EXPLORE_MUTANTS=1")
+@pytest.mark.parametrize("mutant", MATRIX_KILLED)
+def test_explore_kills_behaviour_mutants(mutant, tmp_path):
+    """Every behaviour-level mutant the fixed matrix kills, explore kills too (seed 0)."""
+    run = _explore_cli("--impl", f"conformance.mutants:{mutant}", "--examples", "150", "--shrink", "0",
+                       "--seed", "0", tmp_path=tmp_path)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
