@@ -76,8 +76,8 @@ mutant-comm-hook-root-only-checked    root registration ignores a hook already o
   (CommHookRootOnlyChecked)
 mutant-comm-hook-non-atomic           refused root registration leaves earlier units hooked (not all-or-nothing)          test_comm_hooks.py::test_refused_registration_leaves_no_hook
   (CommHookNonAtomic)
-mutant-grad-postdivide-floor          post-divide factor by integer division (ws // f): wrong at odd world sizes          test_explore.py::test_explore
-  (GradPostDivideFloor)               (world sizes 2 and 4 of the fixed matrix miss it)
+mutant-hybrid-shard-size-squared      HYBRID_SHARD averages over sws * sws ranks: wrong on non-square meshes              test_explore.py::test_explore
+  (HybridShardSizeSquared)            (the fixed matrix has one mesh, (2, 2): it misses it)
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -114,7 +114,7 @@ from conformance.mutants.scaler import (
 from conformance.mutants.sharding import (
     GradDivideTwice,
     GradNotAveraged,
-    GradPostDivideFloor,
+    HybridShardSizeSquared,
     HybridNoReplicaReduce,
     LowPrecisionGradsUpcast,
     ReduceInParamDtype,
@@ -151,7 +151,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     HybridNoReplicaReduce,
     CommHookRootOnlyChecked,
     CommHookNonAtomic,
-    GradPostDivideFloor,
+    HybridShardSizeSquared,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

@@ -140,22 +140,25 @@ class HybridNoReplicaReduce(MutantAdapter):
         replace(C, "average_gradient", lambda flat, shard_group, replicate_group: original(flat, shard_group, None))
 
 
-class GradPostDivideFloor(MutantAdapter):
-    """The post-divide factor computed with integer division: ``ws // f`` instead of ``ws / f``.
-    Exact whenever ``f`` divides ``ws``, which holds at every power of two (world sizes 2, 4, 8:
-    the fixed matrix's), and wrong at world size 3 (``f = 2``, ``3 // 2 = 1``): gradients 1.5x too
-    large. Only a drawn world size finds it: ``shardcheck explore`` (family explore)."""
+class HybridShardSizeSquared(MutantAdapter):
+    """HYBRID_SHARD averages over ``sws * sws`` ranks (the shard group's size taken twice, a
+    copy-paste slip for ``sws * rws``): exact on a square (replicate, shard) mesh, the only one the
+    fixed matrix uses ((2, 2) at world size 4), wrong on every other: (1, 2) divides by 4 instead
+    of 2, (2, 1) by 1 instead of 2. 1-D strategies are unaffected. Only drawn meshes find it:
+    ``shardcheck explore`` (family explore)."""
 
-    name = "mutant-grad-postdivide-floor"
-    bug = "post-divide factor by integer division (ws // f): wrong at odd world sizes"
+    name = "mutant-hybrid-shard-size-squared"
+    bug = "HYBRID_SHARD averages over sws * sws ranks: wrong on non-square meshes"
     checks = ("test_explore.py::test_explore",)
-    world_sizes = (3,)  # what explore's cell draws under test_mutants' --world-sizes
 
     def patch(self) -> None:
         C = _collectives()
+        original = C.average_gradient
 
-        def divide_factors(ws):
-            pre = C.predivide_factor(ws)
-            return pre, float(ws // int(pre))
+        def average_gradient(flat, shard_group, replicate_group):
+            if replicate_group is None or shard_group is None:  # 1-D strategies: untouched
+                return original(flat, shard_group, replicate_group)
+            sws, rws = C.group_size(shard_group), C.group_size(replicate_group)
+            return original(flat, shard_group, replicate_group) * (rws / sws)  # as if divided by sws * sws
 
-        replace(C, "divide_factors", divide_factors)
+        replace(C, "average_gradient", average_gradient)

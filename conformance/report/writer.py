@@ -214,6 +214,8 @@ class ReportWriter:
             "expectation": _jsonable(props.get("expectation")),
         }
         self._append(cell)
+        if props.get("explore") and report.when == "call":  # the explore family's search (conformance/explore/): its own line
+            self._append({"kind": "explore", **_jsonable({"nodeid": report.nodeid, **props["explore"]})})
 
     def pytest_sessionfinish(self, session, exitstatus):
         stopped = bool(session.shouldstop or session.shouldfail) or exitstatus not in (0, 1, 5)  # -x, ^C
@@ -243,9 +245,10 @@ def report_text(cell: dict) -> str:
     return texts.trim(cell["message"], KNOWN_FAILURE_LIMIT if cell["outcome"] == "xfailed" else MESSAGE_LIMIT)
 
 
-def compose(head: dict, cells: list[dict], full_text: str | None) -> dict:
+def compose(head: dict, cells: list[dict], full_text: str | None, explore: list[dict] | None = None) -> dict:
     """The version 3 report: `head`'s HEAD fields, the summary, and the cells (full, as streamed)
-    as rows (conformance.report.compact), their texts trimmed."""
+    as rows (conformance.report.compact), their texts trimmed; `explore`: the explore family's
+    searches, when it ran."""
     summary: dict = {"by_outcome": {}, "by_family": {}, "by_impl": coverage.by_impl(cells)}
     for cell in cells:
         summary["by_outcome"][cell["outcome"]] = summary["by_outcome"].get(cell["outcome"], 0) + 1
@@ -254,7 +257,7 @@ def compose(head: dict, cells: list[dict], full_text: str | None) -> dict:
     kept = [{**cell, "message": report_text(cell)} for cell in cells]
     return {"schema_version": SCHEMA_VERSION, **{k: head[k] for k in HEAD if k in head}, "full_text": full_text,
             "summary": summary, **compact.encode(kept, head.get("implementations") or [], texts.pieces),
-            "cell_columns": list(compact.COLUMNS)}
+            "cell_columns": list(compact.COLUMNS), **({"explore": explore} if explore else {})}
 
 
 def rewrite(report: dict, full_text: str | None) -> dict:
@@ -267,7 +270,7 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
     stopped early (-x, Ctrl-C) and no line was cut short. A killed run's `finished` is the time of
     its last line, its `exit_status` null. `full_text` names `lines` from the folder of `report`
     (default: beside it)."""
-    header, footer, cells, torn = None, None, {}, False
+    header, footer, cells, explore, torn = None, None, {}, [], False
     try:
         text = lines.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -291,6 +294,8 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
             prev = cells.get(entry["nodeid"])
             if prev is None or prev["outcome"] == "passed":  # a teardown error overrides a pass
                 cells[entry["nodeid"]] = entry
+        elif kind == "explore":
+            explore.append(entry)
     if header is None:
         raise StreamError(f"{lines}: not a shardcheck stream: "
                           + ("empty" if not text.strip() else "no header line (a run writes one first)"))
@@ -306,7 +311,7 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
             "complete": footer is not None and not footer.get("interrupted") and not torn,
             "exit_status": footer["exit_status"] if footer else None}
     folder = (report or lines).absolute().parent
-    return compose(head, list(cells.values()), os.path.relpath(lines.absolute(), folder))
+    return compose(head, list(cells.values()), os.path.relpath(lines.absolute(), folder), explore)
 
 
 def write(report: dict, path: Path) -> None:

@@ -98,10 +98,11 @@ def _explore_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_explore_kills_a_mutant_the_fixed_matrix_misses(tmp_path):
-    """mutant-grad-postdivide-floor is exact at world sizes 2 and 4 (every cell of the fixed
-    matrix passes) and wrong at 3: explore finds it; the unmutated reference passes the same search."""
-    args = ("--world-sizes", "3", "--examples", "6", "--shrink", "0", "--seed", "0")
-    mutant = _explore_cli("--impl", "conformance.mutants:GradPostDivideFloor", *args, tmp_path=tmp_path)
+    """mutant-hybrid-shard-size-squared is exact on the (2, 2) mesh, the fixed matrix's only
+    HYBRID_SHARD mesh (every cell of `shardcheck run` passes), and wrong on every other: explore
+    draws (1, 2) and (2, 1) meshes and finds it; the unmutated reference passes the same search."""
+    args = ("--world-sizes", "2", "--examples", "30", "--shrink", "0", "--seed", "0")
+    mutant = _explore_cli("--impl", "conformance.mutants:HybridShardSizeSquared", *args, tmp_path=tmp_path)
     assert mutant.returncode == 1, mutant.stdout + mutant.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     [run] = report["explore"]
