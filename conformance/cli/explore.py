@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--world-sizes", default=None, metavar="1,2,3,4",
                    help="world sizes to draw from (default 1-4 on gloo, 1-8 threaded)")
     p.add_argument("--shrink", type=int, default=150, metavar="N", help="shrinking runs per finding (default 150)")
+    p.add_argument("--max-findings", type=int, default=None, metavar="N", help="stop after N new findings")
     p.add_argument("--ignore-known", action="store_true",
                    help="report the manifest's known findings as new (e.g. to rediscover them)")
     p.add_argument("--replay", metavar="FILE", help="run the configuration(s) of a finding file or report")
@@ -82,7 +83,7 @@ def explore_one(impl, args, sizes):
     from conformance.explore.search import Limits, explore
 
     limits = Limits(max_examples=args.examples, budget_s=args.budget, shrink_examples=args.shrink,
-                    world_sizes=sizes, backend=args.backend)
+                    max_findings=args.max_findings, world_sizes=sizes, backend=args.backend)
     print(f"shardcheck explore {impl.name}: seed {args.seed}, up to {args.examples} examples or {args.budget:g} s, "
           f"world sizes {','.join(map(str, sizes))}, {args.backend}", flush=True)
     printer = Progress(impl.name)

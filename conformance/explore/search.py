@@ -39,11 +39,12 @@ class NewFailure(Exception):
 @dataclass
 class Limits:
     """How far a search goes: examples (all runs, shrinking included), seconds, shrink runs per
-    finding, the world sizes drawn, the backend, one example's deadline."""
+    finding, new findings (None: no limit), the world sizes drawn, the backend, one example's deadline."""
 
     max_examples: int = 200
     budget_s: float = 120.0
     shrink_examples: int = 150
+    max_findings: int | None = None
     world_sizes: tuple[int, ...] = (1, 2, 3, 4)
     backend: str = "gloo"
     example_timeout_s: float = EXAMPLE_TIMEOUT_S
@@ -162,6 +163,8 @@ class Search:
             self.reported.add(found.outcome.signature)
             self.result.findings.append(findings.Finding.of(self.impl.name, self.seed, found.config, found.outcome))
             self.progress(self.result, "finding")
+            if self.limits.max_findings is not None and len(self.result.findings) >= self.limits.max_findings:
+                break
         self.result.rounds = index
         self.result.seconds = time.monotonic() - start
         return self.result
