@@ -109,6 +109,7 @@ class Config:
             "reduce_dtype": self.reduce_dtype,
             "loss_scaling": self.loss_scale is not None,
             "poison": self.poison is not None,
+            "hybrid_mesh": list(self.mesh) if self.mesh else None,  # (replicate, shard)
             "tied": self.tied,
             "frozen": bool(self.frozen),
             "units": bool(self.units),
