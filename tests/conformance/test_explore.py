@@ -79,10 +79,10 @@ def test_manifest_entry_needs_facts_and_error():
 
 
 def test_rediscovers_fsdp2_inf_norm_on_empty_shard():
-    """Unaided (no manifest), seed 2, 40 examples: torch-fsdp2's first new failure is F9, shrunk to
+    """Unaided (no manifest), seed 11, 40 examples: torch-fsdp2's first new failure is F9, shrunk to
     a configuration that still clips by the inf-norm with an empty shard. (Which seeds find it first
     depends on the drawn sequence, which hypothesis also ties to max_examples.)"""
-    result = explore(load("torch-fsdp2"), seed=2, entries=[],
+    result = explore(load("torch-fsdp2"), seed=11, entries=[],
                      limits=Limits(max_examples=40, budget_s=300, shrink_examples=8, max_findings=1))
     assert result.findings, f"no finding in {result.examples} examples"
     first = result.findings[0]
