@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
+from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import HypothesisException
 
@@ -105,7 +105,7 @@ class Search:
         if state.signature is not None:
             state.shrink_runs += 1
         if outcome.status == "unsupported":
-            reject()  # never a pass
+            assume(False)  # rejected: never a pass
         if outcome.status == "passed":
             return
         entry = findings.known_entry(self.entries, config, outcome)
