@@ -72,8 +72,9 @@ def main(args) -> int:
 def world_sizes(text: str | None, backend: str) -> tuple[int, ...]:
     if not text:
         return tuple(range(1, 9 if backend == "threaded" else 5))
-    sizes = tuple(int(s) for s in text.split(",") if s.strip())
-    if not sizes or min(sizes) < 1:
+    parts = [s.strip() for s in text.split(",") if s.strip()]
+    sizes = tuple(int(s) for s in parts if s.isdigit())
+    if not sizes or len(sizes) != len(parts) or min(sizes) < 1:
         raise ValueError(f"--world-sizes {text!r}: positive integers, e.g. 1,2,3,4")
     return sizes
 
