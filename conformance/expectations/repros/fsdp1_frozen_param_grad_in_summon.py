@@ -1,4 +1,4 @@
-"""F18: FSDP1 (use_orig_params=True) gives a FROZEN parameter (requires_grad=False) a gradient inside
+"""F22: FSDP1 (use_orig_params=True) gives a FROZEN parameter (requires_grad=False) a gradient inside
 summon_full_params(with_grads=True): a zero-filled view of the flat gradient, where unsharded
 training and FSDP1's own sharded views (outside the context) have None. `_use_unsharded_grad_views`
 assigns a view to every original parameter, `_use_sharded_grad_views` skips frozen ones. Code that

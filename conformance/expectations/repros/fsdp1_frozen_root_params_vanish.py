@@ -1,4 +1,4 @@
-"""F19: FSDP1 (use_orig_params=True, NO_SHARD, or any strategy at world size 1, which FSDP1 turns into
+"""F23: FSDP1 (use_orig_params=True, NO_SHARD, or any strategy at world size 1, which FSDP1 turns into
 NO_SHARD) drops a unit's parameters from named_parameters() when all of them are frozen: with
 trainable sub-units and a root whose own parameters are all frozen, after the first forward/backward
 the root's frozen parameters are no longer listed by model.named_parameters() (nor inside

@@ -1,4 +1,4 @@
-"""F17: FSDP1 HYBRID_SHARD on a (replicate=2, shard=1) device mesh never averages gradients across
+"""F21: FSDP1 HYBRID_SHARD on a (replicate=2, shard=1) device mesh never averages gradients across
 the replicas. FSDP1 sees a shard group of one rank, switches the strategy to NO_SHARD ("FSDP is
 switching to use `NO_SHARD` instead of ShardingStrategy.HYBRID_SHARD since the world size is 1"),
 and NO_SHARD all-reduces over that one-rank group only: each rank keeps its own gradient (divided
