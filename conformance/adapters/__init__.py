@@ -23,6 +23,7 @@ BUILTIN = {
     "ddp": "conformance.adapters.ddp:DDPAdapter",
     "deepspeed": "conformance.adapters.deepspeed:DeepSpeedAdapter",
     "torchtitan-simplefsdp": "conformance.adapters.torchtitan_simplefsdp:SimpleFSDPAdapter",
+    "megatron-fsdp": "conformance.adapters.megatron_fsdp:MegatronFSDPAdapter",
 }
 ENTRY_POINT_GROUP = "shardcheck.adapters"
 
