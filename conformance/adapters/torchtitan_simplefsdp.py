@@ -25,8 +25,8 @@ try:
     from torchtitan.experiments.graph_trainer import simple_fsdp
     from torchtitan.experiments.graph_trainer.simple_fsdp import MixedPrecisionPolicy, data_parallel
 except ImportError as exc:  # an optional engine: `--impl all` leaves it out with this reason
-    raise ImportError(f"torchtitan is not importable ({exc}): see the README (pip install --no-deps "
-                      "torchtitan==0.3.0 tyro docstring-parser typeguard spmd_types==0.2.3)") from None
+    raise ImportError(f"torchtitan is not importable ({exc}): see the README (pip install -e '.[torchtitan]' "
+                      "&& pip install --no-deps torchtitan==0.3.0)") from None
 
 MODES = {"FULL_SHARD": "fully_shard", "SHARD_GRAD_OP": "fully_shard", "NO_SHARD": "replicate",
          "HYBRID_SHARD": "hybrid_shard"}

@@ -31,7 +31,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("shardcheck-conformance", "shardcheck conformance: implementations")
     group.addoption("--impl", action="append", default=None,
                     help="implementation(s) to check: a built-in name (reference, torch-fsdp2, "
-                         "torch-fsdp1, ddp, deepspeed), NAME[variant], 'all' (every built-in one "
+                         "torch-fsdp1, ddp, deepspeed, torchtitan-simplefsdp, megatron-fsdp), "
+                         "NAME[variant], 'all' (every built-in one "
                          "and variant whose dependencies are installed), an entry point of group "
                          "'shardcheck.adapters', or pkg.module:attr. Repeatable. Default: "
                          "$SHARDCHECK_IMPL or reference.")
