@@ -10,13 +10,15 @@ gradients itself (x 1/dp, then sum). It has no clipping of its own: its users cl
 gradients with `torch.nn.utils.clip_grad_norm_`, and so does the trainer. No loss scaling, no mixed
 precision declared (its compute dtype is the module's own). On a CPU-only machine the adapter installs
 `megatron_cpu` (a documented shim, never on a GPU) and the full values are read with its
-`uneven_dtensor_to_full_tensor`.
+`uneven_dtensor_to_full_tensor`. Process backends only: its global memory buffer is per process.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -110,6 +112,8 @@ class MegatronFSDPAdapter:
         return self.meshes[id(mesh)]
 
     def trainer(self, model, spec, recipe):
+        if "LOCAL_RANK" not in os.environ:  # thread ranks would share its process-global buffers
+            pytest.skip("Megatron-FSDP keeps process-global buffers: one process per rank (not thread mode)")
         if len(spec.strategies) > 1 or spec.offload or spec.mixed_precision is not None:
             raise Unsupported("Megatron-FSDP here: one strategy per model, no offload, the module's own dtype")
         return MegatronFSDPTrainer(self, model, spec, recipe)

@@ -81,4 +81,4 @@ def test_optional_repros_are_present_and_run_where_installed(prefix, module):
     scripts = [s for s in SCRIPTS if s.name.startswith(prefix)]
     assert scripts, f"no {prefix}* repro scripts"
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed: its repros run in CI's {module} step")
+        pytest.skip(f"{module} is not installed: its repros run in .ci/run, where it is")
