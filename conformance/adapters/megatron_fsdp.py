@@ -61,7 +61,7 @@ def full(param: DTensor, value: torch.Tensor | None) -> torch.Tensor:
 
 class MegatronFSDPTrainer:
     def __init__(self, adapter, model, spec, recipe):
-        if spec.device.type == "cpu":
+        if spec.device.type == "cpu":  # CPU tensors: only on a CPU-only machine, through the shim
             megatron_cpu.install()
         mesh, hybrid = adapter.mesh(spec.mesh)
         units = list(dict.fromkeys(type(m) for _, m in spec.unit_modules(model))) or None
@@ -114,6 +114,8 @@ class MegatronFSDPAdapter:
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:  # thread ranks would share its process-global buffers
             pytest.skip("Megatron-FSDP keeps process-global buffers: one process per rank (not thread mode)")
+        if spec.device.type == "cpu" and torch.cuda.is_available():
+            pytest.skip("Megatron-FSDP on CPU tensors runs through the CPU shim, only where CUDA is absent: use nccl")
         if len(spec.strategies) > 1 or spec.offload or spec.mixed_precision is not None:
             raise Unsupported("Megatron-FSDP here: one strategy per model, no offload, the module's own dtype")
         return MegatronFSDPTrainer(self, model, spec, recipe)
