@@ -34,11 +34,12 @@ Where each concern lives:
 
 from harness.context import RankContext
 from harness.plan import HarnessUsageError
+from harness.pool import preload
 from harness.runner import run
 from harness.verdict import Verdict
 from harness.vocabulary import BACKENDS
 
-__all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "run"]
+__all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "preload", "run"]
 
 
 def distributed(world_size=2, *, backend=None, timeout=None):
