@@ -15,7 +15,7 @@ Where each concern lives:
     vocabulary.py  the words: backends, modes, outcomes
     plan.py        what the parent decides before any rank starts: input checks, mode, skips
     runner.py      run a test's plan in its mode (pools kept per world size and backend); `run`
-    pool.py        rank processes reused test after test (pool and spawn modes); start method
+    pool.py        rank processes reused test after test (pool and spawn modes); start method; preload
     worker.py      the main loop of one rank process
     threads.py     thread mode: torch's threaded process group
     external.py    ranks started by torchrun or srun
