@@ -15,7 +15,7 @@ Where each concern lives:
     vocabulary.py  the words: backends, modes, outcomes
     plan.py        what the parent decides before any rank starts: input checks, mode, skips
     runner.py      run a test's plan in its mode (pools kept per world size and backend); `run`
-    pool.py        rank processes reused test after test (pool and spawn modes); start method
+    pool.py        rank processes reused test after test (pool and spawn modes); start method; preload
     worker.py      the main loop of one rank process
     threads.py     thread mode: torch's threaded process group
     external.py    ranks started by torchrun or srun
@@ -34,11 +34,12 @@ Where each concern lives:
 
 from harness.context import RankContext
 from harness.plan import HarnessUsageError
+from harness.pool import preload
 from harness.runner import run
 from harness.verdict import Verdict
 from harness.vocabulary import BACKENDS
 
-__all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "run"]
+__all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "preload", "run"]
 
 
 def distributed(world_size=2, *, backend=None, timeout=None):

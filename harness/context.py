@@ -51,9 +51,15 @@ class RankContext:
         """Run a block with torch's RNG seeded to `seed`: identical on every rank, in every mode.
 
         In thread mode the RNG is global to the process, so blocks take turns (no collectives inside).
+        A CPU rank seeds the CPU generator alone: `torch.manual_seed` would also queue a seed, with
+        a formatted stack each, for CUDA, XPU and MTIA, which a CPU rank never initialises.
         """
-        with _RNG_LOCK, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        on_gpu = self.device.type == "cuda"
+        with _RNG_LOCK, torch.random.fork_rng(devices=[self.device] if on_gpu else []):
+            if on_gpu:
+                torch.manual_seed(seed)
+            else:
+                torch.default_generator.manual_seed(seed)
             yield
 
     def all_gather_object(self, obj: Any) -> list[Any]:

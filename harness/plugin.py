@@ -22,7 +22,7 @@ import pytest
 from harness import deadline, devices, forked_compat, runner, xdist_support
 from harness.external import detect
 from harness.plan import HarnessUsageError, Plan, check_backend, check_world_size, choose_mode, make_plan
-from harness.pool import START_TIMEOUT_S, PoolStartError
+from harness.pool import START_TIMEOUT_S, PoolStartError, preload
 from harness.task import Task, takes_ctx
 from harness.verdict import Verdict, not_started
 from harness.vocabulary import LAUNCHES
@@ -51,6 +51,10 @@ def pytest_addoption(parser):
                          "pytest-timeout gives one (default 300).")
     group.addoption("--world-sizes", default=None,
                     help="comma-separated world sizes to keep, e.g. 2,4 (others are deselected).")
+    parser.addini("rank_preload", type="linelist", default=[],
+                  help="modules imported in the parent before any rank process starts: forked ranks "
+                       "inherit them, a forkserver preloads them (instead of every rank of every pool "
+                       "importing them again)")
 
 
 def pytest_plugin_registered(plugin, manager):
@@ -86,6 +90,7 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
+    preload(session.config.getini("rank_preload"))
     launch = session.config._shardcheck_launch_env
     if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
         reporter = session.config.pluginmanager.getplugin("terminalreporter")

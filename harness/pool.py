@@ -10,6 +10,7 @@ clean ranks.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import shutil
@@ -25,6 +26,16 @@ from harness.worker import rank_main
 
 START_TIMEOUT_S = 120.0
 PRELOAD = ["torch", "torch.distributed", "harness.worker", "harness.task", "harness.context"]
+
+
+def preload(modules: list[str]) -> None:
+    """Import `modules` now, in the parent, before ranks start: a forked rank inherits them and a
+    forkserver imports them once, where otherwise every rank of every pool (a new one after each
+    failed test) imports them again (ini option `rank_preload`)."""
+    for name in modules:
+        importlib.import_module(name)
+        if name not in PRELOAD:
+            PRELOAD.append(name)
 
 
 def start_method(backend: str) -> str:

@@ -112,7 +112,11 @@ def map_inner(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], shape
 def all_gather_rows(x: torch.Tensor, slot: Slot, group, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """All-gather ONE dim-0 sharded tensor into ``out`` (``[ws * chunk, ...]``, allocated if None):
     pad to ``chunk`` rows, gather; the caller keeps the first ``n`` rows.  The per-tensor path, for
-    what cannot travel in a unit's flat buffer (extension inputs, subclass inner tensors)."""
+    what cannot travel in a unit's flat buffer (extension inputs, subclass inner tensors).  A float8
+    tensor travels as its bytes (uint8): gloo and ``F.pad`` have no float8 types."""
+    if x.dtype.is_floating_point and x.dtype.itemsize == 1:
+        raw = None if out is None else out.view(torch.uint8)
+        return all_gather_rows(x.view(torch.uint8), slot, group, raw).view(x.dtype)
     ws = group_size(group)
     padded = F.pad(x.reshape(x.shape[0], math.prod(x.shape[1:])), (0, 0, 0, slot.chunk - x.shape[0]))
     if out is None:

@@ -20,7 +20,9 @@ from .sharding import Unit, units
 
 @contextlib.contextmanager
 def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]:
-    """Inside the block every parameter of ``model`` is the full tensor (original dtype).
+    """Inside the block every parameter of ``model`` is the full tensor (original dtype). A tensor
+    subclass shard is gathered inner tensor by inner tensor: its all-gather hooks give the value
+    forward computes with (e.g. float8-quantized), not the parameter itself.
 
     With ``writeback`` in-place changes to a full parameter are copied back into this rank's shard
     on exit (every rank must make the same change).  Collective: call on all ranks.
@@ -30,7 +32,8 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
         for u in units(model):
             if not u.params:
                 continue
-            fulls = u.all_gather(param_dtype=u.params[0].shard.dtype)
+            fulls = [_gather_rows(sp.shard.detach(), sp.slot, u) if is_traceable_wrapper_subclass(sp.shard) else full
+                     for full, sp in zip(u.all_gather(param_dtype=u.params[0].shard.dtype), u.params)]
             params = [nn.Parameter(f, requires_grad=sp.shard.requires_grad) for f, sp in zip(fulls, u.params)]
             for p in params:
                 p._full_view = True  # not a shard: units() must not adopt it

@@ -57,6 +57,24 @@ def test_lowest_constraints_are_pyprojects_lower_bounds():
     assert "-r{toxinidir}/.ci/lowest-constraints.txt" in tox["testenv:lowest"]["deps"]
 
 
+def test_every_tox_environment_installs_its_own_pinned_torch_first():
+    """No environment reads a torch from outside itself (sitepackages), torch is the first thing
+    installed, and shardcheck's install is held to what is installed (a range never pulls a torch)."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    base = tox["testenv"]
+    deps = [line.strip() for line in base["deps"].strip().splitlines()]
+    assert deps[0].startswith("--extra-index-url {env:SHARDCHECK_TORCH_INDEX:")
+    assert deps[1] == "{env:SHARDCHECK_TORCH:torch==2.13.0}"
+    assert base["constrain_package_deps"].strip() == base["use_frozen_constraints"].strip() == "true"
+    for name in tox.sections():
+        env = tox[name]
+        assert env.get("sitepackages", "false").strip() == "false", name
+        assert env.get("skip_install", "false").strip() == "false", name
+        if name.startswith("testenv:") and "deps" in env:
+            assert env["deps"].strip().startswith("{[testenv]deps}"), name
+
+
 def test_only_one_module_imports_torch_testing_internal():
     users = [p.relative_to(ROOT).as_posix()
              for folder in ("harness", "conformance", "reference_impl")

@@ -22,6 +22,8 @@ BUILTIN = {
     "torch-fsdp1": "conformance.adapters.torch_fsdp1:TorchFSDP1Adapter",
     "ddp": "conformance.adapters.ddp:DDPAdapter",
     "deepspeed": "conformance.adapters.deepspeed:DeepSpeedAdapter",
+    "torchtitan-simplefsdp": "conformance.adapters.torchtitan_simplefsdp:SimpleFSDPAdapter",
+    "megatron-fsdp": "conformance.adapters.megatron_fsdp:MegatronFSDPAdapter",
 }
 ENTRY_POINT_GROUP = "shardcheck.adapters"
 

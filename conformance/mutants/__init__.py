@@ -56,6 +56,7 @@ mutant-ext-hooks-ignored              all-gather extension hooks silently ignore
   (ExtensionHooksIgnored)                                                                                                 test_extensions.py::test_train_parity
                                                                                                                           test_extensions.py::test_uneven_shards
                                                                                                                           test_extensions.py::test_meta_init_end_to_end
+                                                                                                                          test_extensions_subclasses.py::test_subclass_train_parity
 mutant-ext-instance-hooks-ignored     all-gather hooks patched onto the shard object ignored (class lookup only)          test_extensions.py::test_monkey_patch
   (ExtensionInstanceHooksIgnored)
 mutant-ext-size-unchecked             wrongly sized fsdp_pre_all_gather inputs not detected (silently cropped)            test_extensions.py::test_wrong_size_raises_on_every_rank

@@ -14,7 +14,8 @@ class ExtensionHooksIgnored(MutantAdapter):
     name = "mutant-ext-hooks-ignored"
     bug = "all-gather extension hooks silently ignored"
     checks = ("test_extensions.py::test_monkey_patch", "test_extensions.py::test_train_parity",
-              "test_extensions.py::test_uneven_shards", "test_extensions.py::test_meta_init_end_to_end")
+              "test_extensions.py::test_uneven_shards", "test_extensions.py::test_meta_init_end_to_end",
+              "test_extensions_subclasses.py::test_subclass_train_parity")
 
     def patch(self) -> None:
         replace(importlib.import_module("reference_impl.sharding"), "has_extension", lambda t: False)

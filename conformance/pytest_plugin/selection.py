@@ -31,7 +31,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("shardcheck-conformance", "shardcheck conformance: implementations")
     group.addoption("--impl", action="append", default=None,
                     help="implementation(s) to check: a built-in name (reference, torch-fsdp2, "
-                         "torch-fsdp1, ddp, deepspeed), NAME[variant], 'all' (every built-in one "
+                         "torch-fsdp1, ddp, deepspeed, torchtitan-simplefsdp, megatron-fsdp), "
+                         "NAME[variant], 'all' (every built-in one "
                          "and variant whose dependencies are installed), an entry point of group "
                          "'shardcheck.adapters', or pkg.module:attr. Repeatable. Default: "
                          "$SHARDCHECK_IMPL or reference.")
@@ -39,6 +40,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): capabilities the cell needs")
+    # Every check builds a torch optimizer, whose first construction imports torch._dynamo (about
+    # 1 s of CPU per rank): import it once in the parent, not in every rank of every pool.
+    config.addinivalue_line("rank_preload", "torch._dynamo")
     names = config.getoption("impl") or [os.environ.get("SHARDCHECK_IMPL", "reference")]
     names = [n.strip() for chunk in names for n in _split(chunk) if n.strip()]
     if not names:

@@ -86,7 +86,8 @@ def test_unknown_implementation_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "nope", "--co"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4
-    assert "unknown implementation 'nope'; available: ddp, deepspeed, reference, torch-fsdp1, torch-fsdp2" in proc.stderr
+    assert ("unknown implementation 'nope'; available: ddp, deepspeed, megatron-fsdp, reference, torch-fsdp1, "
+            "torch-fsdp2, torchtitan-simplefsdp") in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -95,7 +96,8 @@ def test_impl_all_is_every_builtin_and_variant_and_says_what_it_left_out(monkeyp
 
     names, left_out = adapters.every_builtin()
     assert {"reference", "torch-fsdp2", "torch-fsdp1", "torch-fsdp1[flat]", "ddp"} <= set(names)
-    assert ("deepspeed" in names) != ("deepspeed" in left_out)  # installed, or said why not
+    for optional in ("deepspeed", "torchtitan-simplefsdp", "megatron-fsdp"):
+        assert (optional in names) != (optional in left_out)  # installed, or said why not
     monkeypatch.setitem(adapters.BUILTIN, "missing", "no_such_engine_module:Adapter")
     names, left_out = adapters.every_builtin()
     assert "missing" not in names and "no_such_engine_module" in left_out["missing"]

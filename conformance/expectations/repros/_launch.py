@@ -36,7 +36,7 @@ def _rank(rank, body, world_size, folder, timeout_s):
 
 
 def run(body, world_size: int = 2, timeout_s: float = 30.0) -> dict[int, str]:
-    """Each rank's result; "hung" for a rank still running after `timeout_s`."""
+    """Each rank's result; "hung" for a rank still running after `timeout_s` or dead without one."""
     with tempfile.TemporaryDirectory() as folder:
         ctx = mp.start_processes(_rank, args=(body, world_size, folder, timeout_s), nprocs=world_size,
                                  join=False, start_method="fork")
@@ -44,7 +44,7 @@ def run(body, world_size: int = 2, timeout_s: float = 30.0) -> dict[int, str]:
         try:
             while not ctx.join(timeout=0.5) and time.monotonic() < deadline:
                 pass
-        except mp.ProcessRaisedException:
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):  # a rank raised, or died (a signal)
             pass
         for p in ctx.processes:
             if p.is_alive():
