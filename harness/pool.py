@@ -28,7 +28,7 @@ START_TIMEOUT_S = 120.0
 PRELOAD = ["torch", "torch.distributed", "harness.worker", "harness.task", "harness.context"]
 
 
-def preload(modules: list[str]) -> None:
+def preload(modules) -> None:
     """Import `modules` now, in the parent, before ranks start: a forked rank inherits them and a
     forkserver imports them once, where otherwise every rank of every pool (a new one after each
     failed test) imports them again (ini option `rank_preload`)."""

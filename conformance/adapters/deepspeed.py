@@ -21,6 +21,7 @@ import torch
 from conformance.adapters import deepspeed_runtime
 from conformance.protocol import StepResult, Unsupported
 
+COMM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 3}
 if importlib.util.find_spec("deepspeed") is None:
     raise ImportError("deepspeed is not installed: see the README (pip install -e '.[deepspeed]')")
@@ -39,8 +40,12 @@ class DeepSpeedTrainer:
         }
         if spec.strategy == "HYBRID_SHARD":
             config["zero_optimization"]["zero_hpz_partition_size"] = spec.mesh.shape[1]
-        if config["bf16"]["enabled"]:  # reduce_dtype float32: accumulate and communicate in float32
-            config.update(communication_data_type="fp32", data_types={"grad_accum_dtype": "fp32"})
+        if mp and mp.reduce_dtype is not None:  # gradients reduced in reduce_dtype (FSDP's meaning)
+            if mp.reduce_dtype not in COMM_DTYPES:
+                raise Unsupported(f"gradients reduced in {mp.reduce_dtype} (fp16 needs its fp16 engine)")
+            config["communication_data_type"] = COMM_DTYPES[mp.reduce_dtype]
+        if config["bf16"]["enabled"]:  # accumulate in float32 (FSDP's gradients stay float32)
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
         self.engine, *_ = ds.initialize(model=model, optimizer=recipe.optimizer.build(model.parameters()),
                                         config=config)
         if config["bf16"]["enabled"]:  # a bf16 engine does not cast its inputs: cast them as FSDP does

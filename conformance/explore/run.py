@@ -17,6 +17,7 @@ from conformance.checks.support.parity import train_in_parity
 from conformance.explore import model
 from conformance.explore.config import Config, from_json, to_json
 from conformance.protocol.outcomes import is_unsupported_message
+from conformance.protocol.spec import RANK_PRELOAD
 
 EXAMPLE_TIMEOUT_S = 60.0
 
@@ -58,6 +59,7 @@ def signature(headline: str) -> str:
 
 def run_example(impl, config: Config, backend: str = "gloo", timeout: float = EXAMPLE_TIMEOUT_S) -> Outcome:
     """Run `config` on `config.world_size` ranks of `backend` (the persistent pool for gloo)."""
+    harness.preload(RANK_PRELOAD)  # as the pytest plugin does (outside pytest here)
     start = time.monotonic()
     verdict = harness.run(train_example, config.world_size, backend=backend, timeout=timeout,
                           impl=impl, config=to_json(config))

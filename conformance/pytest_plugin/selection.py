@@ -23,6 +23,7 @@ import pytest
 
 from conformance import adapters
 from conformance.expectations import manifest
+from conformance.protocol.spec import RANK_PRELOAD
 from conformance.protocol import capabilities, outcomes
 from conformance.report.cells import strip_impl
 
@@ -40,9 +41,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): capabilities the cell needs")
-    # Every check builds a torch optimizer, whose first construction imports torch._dynamo (about
-    # 1 s of CPU per rank): import it once in the parent, not in every rank of every pool.
-    config.addinivalue_line("rank_preload", "torch._dynamo")
+    for module in RANK_PRELOAD:  # imported once in the parent, not in every rank of every pool
+        config.addinivalue_line("rank_preload", module)
     names = config.getoption("impl") or [os.environ.get("SHARDCHECK_IMPL", "reference")]
     names = [n.strip() for chunk in names for n in _split(chunk) if n.strip()]
     if not names:
