@@ -114,6 +114,7 @@ class Config:
             "frozen": bool(self.frozen),
             "units": bool(self.units),
             "optimizer": self.optimizer,
+            "weight_decay": self.weight_decay > 0,
         }
 
 
