@@ -15,7 +15,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from conformance.adapters.dtensors import full_tensors
 from conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
+
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A copy of the full value (never a view of live parameters or gradients)."""
@@ -63,10 +65,10 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
         return model
 
     def full_params(self, model):
-        return {n: _full(p.detach()) for n, p in model.named_parameters()}
+        return full_tensors({n: p.detach() for n, p in model.named_parameters()})
 
     def full_grads(self, model):
-        return {n: None if p.grad is None else _full(p.grad) for n, p in model.named_parameters()}
+        return full_tensors({n: p.grad for n, p in model.named_parameters()})
 
     def clip_grad_norm_(self, model, max_norm, norm_type):
         return _full(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type))

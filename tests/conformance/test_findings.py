@@ -6,8 +6,6 @@ together, a few at a time: well under a minute)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +13,8 @@ from pathlib import Path
 import importlib.util
 
 import pytest
+
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTATIONS = ROOT / "conformance" / "expectations"
@@ -63,12 +63,10 @@ def test_findings_cite_existing_scripts_and_no_throwaway_path():
 @pytest.mark.timeout(240)
 def test_every_repro_reproduces():
     """The scripts of optional implementations that are not installed are left to test_optional_repros."""
-    def run(script: Path):
-        proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120, check=False)
-        return script.name, proc
+    def run(script: Path):  # `python script` in a process that starts with torch imported
+        return script.name, warm_python.run([str(script)], cwd=ROOT, timeout=120)
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(run, [s for s in SCRIPTS if _runnable(s)]))
     failed = {name: proc.stdout[-1500:] + proc.stderr[-1500:] for name, proc in results
               if proc.returncode != 0 or "REPRODUCED: " not in proc.stdout}

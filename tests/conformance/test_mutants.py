@@ -1,7 +1,8 @@
 """Mutation testing of the conformance checks: every mutant of reference_impl must be killed.
 
 For each mutant in ``conformance.mutants.MUTANTS`` (one pytest item each) the check functions it names
-run in their OWN pytest process (a mutant patches reference_impl process-wide)::
+run in their OWN pytest process (a mutant patches reference_impl process-wide; started warm, with torch
+already imported: tests/warm_python.py)::
 
     python -m pytest conformance/checks/<dir>/<file>::<check> ... --impl conformance.mutants:<Class> \
         -p conformance.mutants.per_check ...
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+import warm_python
 from conformance.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,29 +111,15 @@ class Run:
         return f"$ {' '.join(self.cmd)}\n(rc {self.returncode}, {self.seconds:.1f} s)\n{self.output[-6000:]}"
 
 
-_LIVE: set[subprocess.Popen] = set()  # runs in flight, killed if the session ends early
-_LIVE_LOCK = threading.Lock()
-
-
 def _run(cmd: list[str]) -> Run:
+    """`cmd` (``[sys.executable, "-m", "pytest", ...]``) in a process that starts with torch imported
+    (tests/warm_python.py: its own process, without 4 s of imports per run)."""
     env = {k: v for k, v in os.environ.items() if k not in ("SHARDCHECK_IMPL", "PYTEST_ADDOPTS")}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     env["COLUMNS"] = "1000"  # the short summary keeps each failure's first message line
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with _LIVE_LOCK:
-        _LIVE.add(proc)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        code, out = -1, out + f"\n(killed: still running after {RUN_TIMEOUT_S} s)"
-    finally:
-        with _LIVE_LOCK:
-            _LIVE.discard(proc)
-    return Run(cmd, code, out, time.monotonic() - start)
+    done = warm_python.run(cmd[1:], cwd=ROOT, env=env, timeout=RUN_TIMEOUT_S)
+    return Run(cmd, done.returncode, done.stdout + done.stderr, time.monotonic() - start)
 
 
 def _mutant_command(mutant) -> list[str]:
@@ -203,9 +191,7 @@ def mutant_runs(request):
             runs.get(key, cmd)
     yield runs
     runs.pool.shutdown(wait=False, cancel_futures=True)
-    with _LIVE_LOCK:  # only runs whose items were deselected or interrupted are still going
-        for proc in _LIVE:
-            proc.kill()
+    warm_python.kill_live()  # only runs whose items were deselected or interrupted are still going
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,13 +35,17 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
     """Assert `actual` matches `expected` (tensors, or dicts/lists of them; None must match None)
     within the tolerance of `dtype` (default: the expected tensors' dtype), and record
     {what, max_abs, max_rel, rtol, atol} with `ctx.record("error", ...)`, also when it fails. The
-    failure message states the largest absolute and relative errors and where they are."""
+    failure message states the largest absolute and relative errors and where they are.
+
+    A value matches when ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching NaN (exactly
+    torch.testing.assert_close's test, which words the message of a value that does not). The
+    values are compared in float64, all values of one tolerance at once: one comparison per
+    tolerance rather than per tensor, which is most of what a check's comparisons cost."""
     actual, expected = _flat(actual), _flat(expected)
     failures = []
     if actual.keys() != expected.keys():
         failures.append(f"names differ: {sorted(map(str, set(actual) ^ set(expected)))}")
-    max_abs = max_rel = 0.0
-    worst_abs = worst_rel = None
+    by_tolerance: dict = {}  # (rtol, atol): [(key, actual float64, expected float64)]
     rtol = atol = None
     for key in (k for k in expected if k in actual):
         a, e = full_value(actual[key]), full_value(expected[key])  # a DTensor: its full value
@@ -54,24 +58,54 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
         if a64.shape != e64.shape:
             failures.append(f"{key}: shape {tuple(a64.shape)} != {tuple(e64.shape)}")
             continue
-        diff = (a64 - e64).abs()
-        if diff.numel():
-            abs_err, rel_err = diff.max().item(), (diff / e64.abs().clamp_min(1e-12)).max().item()
-            if worst_abs is None or _worse(max_abs, abs_err) is abs_err:  # _worse returns one of the two
-                max_abs, worst_abs = _worse(max_abs, abs_err), key
-            if worst_rel is None or _worse(max_rel, rel_err) is rel_err:
-                max_rel, worst_rel = _worse(max_rel, rel_err), key
-        try:
-            torch.testing.assert_close(a64, e64, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False)
-        except AssertionError as exc:
-            lines = str(exc).splitlines()
-            failures.append(f"{key}: {lines[0]}" + (f" ({lines[2].strip()})" if len(lines) > 2 else ""))
+        by_tolerance.setdefault((rtol, atol), []).append((key, a64, e64))
+    max_abs = max_rel = 0.0
+    worst_abs = worst_rel = None
+    for (rt, at), pairs in by_tolerance.items():
+        keys = [k for k, _, _ in pairs]
+        sizes = [a.numel() for _, a, _ in pairs]
+        a = torch.cat([a.reshape(-1) for _, a, _ in pairs])
+        e = torch.cat([e.reshape(-1) for _, _, e in pairs])
+        if a.numel():
+            diff = (a - e).abs()
+            rel = diff / e.abs().clamp_min(1e-12)
+            for err, is_rel in ((diff, False), (rel, True)):
+                i = int(err.argmax())  # a NaN is the largest (argmax propagates NaN)
+                value, key = err[i].item(), keys[_segment(sizes, i)]
+                if is_rel and (worst_rel is None or _worse(max_rel, value) is value):
+                    max_rel, worst_rel = _worse(max_rel, value), key
+                if not is_rel and (worst_abs is None or _worse(max_abs, value) is value):
+                    max_abs, worst_abs = _worse(max_abs, value), key
+        close = torch.isclose(a, e, rtol=rt, atol=at, equal_nan=True)
+        if not bool(close.all()):
+            for (key, a64, e64), ok in zip(pairs, close.split(sizes)):
+                if not bool(ok.all()):
+                    failures.append(_mismatch(key, a64, e64, rt, at))
     ctx.record("error", {"what": what, "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol, "atol": atol})
     if failures:
         raise AssertionError(
             f"{what}: {len(failures)} mismatch(es) beyond rtol={rtol} atol={atol}; max abs error {max_abs:.3g}"
             f" (at {_name(worst_abs)}), max rel error {max_rel:.3g} (at {_name(worst_rel)}):\n  "
             + "\n  ".join(failures[:10]))
+
+
+def _segment(sizes: list[int], index: int) -> int:
+    """Which of the concatenated tensors of `sizes` holds flat position `index`."""
+    for i, size in enumerate(sizes):
+        if index < size:
+            return i
+        index -= size
+    raise IndexError(index)
+
+
+def _mismatch(key, actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> str:
+    """torch.testing.assert_close's own words for one mismatching value."""
+    try:
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False)
+    except AssertionError as exc:
+        lines = str(exc).splitlines()
+        return f"{key}: {lines[0]}" + (f" ({lines[2].strip()})" if len(lines) > 2 else "")
+    raise AssertionError(f"{key}: torch.isclose and torch.testing.assert_close disagree")  # never expected
 
 
 def _name(key) -> str:
