@@ -1,19 +1,18 @@
 """The guide's worked example (docs/examples/allreduce_engine.py) is a working adapter: an engine that
 owns its step reaches the behaviour cells it declares and passes them; a broken copy of it fails."""
 
-import subprocess
-import sys
 from pathlib import Path
+
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = "docs.examples.allreduce_engine:AllReduceAdapter"
 
 
-def _run(impl: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
-                           "--impl", impl, "--world-sizes", "2", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-                           "-k", "NO_SHARD and (norm2 or noclip)", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+def _run(impl: str, *extra: str):
+    return warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
+                            "--impl", impl, "--world-sizes", "2", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                            "-k", "NO_SHARD and (norm2 or noclip)", *extra], cwd=ROOT, timeout=600)
 
 
 def test_example_adapter_passes_what_it_declares():
@@ -33,10 +32,9 @@ def test_example_adapter_that_forgets_to_average_fails(tmp_path):
         "            dist.all_reduce(p.grad, group=self.group)  # summed, never divided\n"
         "e.AllReduceEngine = Summing\n"
         "Adapter = e.AllReduceAdapter\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
-                           "--impl", "summing_engine:Adapter", "--world-sizes", "2", "-q", "-o", "addopts=",
-                           "-p", "no:cacheprovider", "-k", "NO_SHARD and noclip and uneven_mlp"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"})
+    proc = warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
+                            "--impl", "summing_engine:Adapter", "--world-sizes", "2", "-q", "-o", "addopts=",
+                            "-p", "no:cacheprovider", "-k", "NO_SHARD and noclip and uneven_mlp"],
+                           cwd=ROOT, timeout=600, env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"})
     assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-3000:]
     assert "gradients" in proc.stdout, proc.stdout[-3000:]

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import warm_python
 from hypothesis import HealthCheck, given, settings
 
 from conformance.adapters import load
@@ -92,10 +92,10 @@ def test_rediscovers_fsdp2_inf_norm_on_empty_shard():
     print(f"\nrediscovered in {result.examples} examples, {result.seconds:.1f} s: {dumps(first.config)}")
 
 
-def _explore_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def _explore_cli(*args: str, tmp_path: Path):
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    return subprocess.run([sys.executable, "-m", "conformance.cli", "explore", *args, "-o", str(tmp_path / "r.json")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    return warm_python.run(["-m", "conformance.cli", "explore", *args, "-o", str(tmp_path / "r.json")],
+                           cwd=ROOT, env=env, timeout=600)
 
 
 def test_explore_kills_a_mutant_the_fixed_matrix_misses(tmp_path):

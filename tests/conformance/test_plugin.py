@@ -1,9 +1,9 @@
 """The conformance plugin's promises: implementation selection, unsupported is never a pass,
 expectations manifests are strict, and the JSON report records every cell."""
 
-import subprocess
-import sys
 import textwrap
+
+import warm_python
 
 from conformance.report import reading
 
@@ -18,6 +18,7 @@ class Fake(ReferenceAdapter):
 '''
 CHECKS = '''
 import pytest
+
 from harness import distributed
 
 @distributed(world_size=2)
@@ -43,9 +44,8 @@ def _session(tmp_path, manifest, *args):
     (tmp_path / "fake_adapter.py").write_text(ADAPTER)
     (tmp_path / "test_checks.py").write_text(CHECKS)
     (tmp_path / "fake.toml").write_text(textwrap.dedent(manifest))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
-                           "--impl", "fake_adapter:Fake", "test_checks.py", *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = warm_python.run(["-m", "pytest", "-p", "no:cacheprovider", "-rA",
+                            "--impl", "fake_adapter:Fake", "test_checks.py", *args], cwd=tmp_path, timeout=300)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -83,8 +83,7 @@ def test_a_known_failure_that_passes_fails_the_run(tmp_path):
 
 
 def test_unknown_implementation_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "nope", "--co"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = warm_python.run(["-m", "pytest", "--impl", "nope", "--co"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 4
     assert ("unknown implementation 'nope'; available: ddp, deepspeed, megatron-fsdp, reference, torch-fsdp1, "
             "torch-fsdp2, torchtitan-simplefsdp") in proc.stderr

@@ -7,12 +7,13 @@ import copy
 import json
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import jsonschema
 import pytest
+
+import warm_python
 
 from conformance.cli import main as cli
 from conformance.protocol.outcomes import OUTCOMES
@@ -26,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def real_report(tmp_path_factory):
     """A report written by a real `shardcheck run` on a tiny subset (a few seconds)."""
     out = tmp_path_factory.mktemp("run") / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--family", "comm_hooks",
-                           "-k", "default_communication_hook_behavior", "--world-sizes", "2", "-o", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = warm_python.run(["-m", "conformance.cli", "run", "--family", "comm_hooks",
+                            "-k", "default_communication_hook_behavior", "--world-sizes", "2", "-o", str(out)],
+                           cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())
 

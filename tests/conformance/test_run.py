@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+import warm_python
 from rich.console import Console
 
 from conformance.cli import main as cli
@@ -29,9 +31,9 @@ TWO_CELLS = ("--world-sizes", "2", "-k", ("test_default_communication_hook_behav
                                          " or test_custom_hook_called and mean and NO_SHARD"))
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*SHARDCHECK, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+def _run(*args: str):
+    """`shardcheck ARGS` in a process of its own that starts with torch imported (tests/warm_python.py)."""
+    return warm_python.run([*SHARDCHECK[1:], *args], cwd=ROOT, timeout=300)
 
 
 def _lines(path: Path) -> list[dict]:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import tomllib
 from collections import Counter
 from pathlib import Path
 
 import pytest
+
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ROOT / "conformance" / "checks"
@@ -107,10 +107,10 @@ def test_entries_are_well_formed():
 def collected() -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("SHARDCHECK_IMPL", "PYTEST_ADDOPTS")}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(CHECKS.relative_to(ROOT)), "--collect-only", "-q", "--impl", "reference",
+    proc = warm_python.run(
+        ["-m", "pytest", str(CHECKS.relative_to(ROOT)), "--collect-only", "-q", "--impl", "reference",
          "-o", "addopts=", "-p", "no:cacheprovider", "-p", "harness.plugin", "-p", "conformance.pytest_plugin.selection"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        cwd=ROOT, env=env, timeout=300)
     prefix = str(CHECKS.relative_to(ROOT)) + "/"
     ids = [line.removeprefix(prefix).replace("[reference-", "[").replace("[reference]", "")
            for line in proc.stdout.splitlines() if line.startswith(prefix) and "::" in line]

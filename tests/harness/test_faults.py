@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import warm_python
+
 HERE = Path(__file__).parent
 RECORDER = """
 import json
@@ -44,18 +46,18 @@ def child_session(workdir: Path, *args: str, wait: bool = True, conftest: str = 
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE / "faulty_bodies.py", workdir / "test_bodies.py")
     (workdir / "conftest.py").write_text(RECORDER + conftest)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_bodies.py", *args]
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env=env)
+    argv = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "test_bodies.py", *args]
     if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=300)
+        return subprocess.Popen([sys.executable, *argv], cwd=workdir, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+    done = warm_python.run(argv, cwd=workdir, env=env, timeout=300)  # its own process, torch imported
+    out = done.stdout + done.stderr
     records = {}
     if (workdir / "outcomes.jsonl").exists():
         for line in (workdir / "outcomes.jsonl").read_text().splitlines():
             rec = json.loads(line)
             records[rec["id"]] = rec
-    return proc.returncode, out, records
+    return done.returncode, out, records
 
 
 @pytest.fixture(scope="module")
