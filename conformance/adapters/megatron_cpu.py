@@ -10,12 +10,14 @@ it, gloo does not). `install()` changes only what megatron_fsdp's own modules se
 * its global memory buffer allocates on the CPU;
 * `validate_uneven_dtensor` runs with `Tensor.cuda` an identity (only while it runs);
 * the name `dist` in `uneven_dtensor` becomes a view of torch.distributed whose `all_gather` pads
-  every rank's tensor to the largest size and cuts the results back.
+  every rank's tensor to the largest size and cuts the results back;
+* `gradient_reduce_preprocessing` sees its config with `gradient_reduce_div_fusion` off (the fused
+  form is a PREMUL_SUM reduction, NCCL only): gradients are multiplied by 1/dp and then summed, as
+  Megatron-FSDP does for bf16 anyway.
 
-The adapter also turns off `gradient_reduce_div_fusion` (a PREMUL_SUM reduction, NCCL only: the
-gradients are multiplied by 1/dp and then summed, as Megatron-FSDP does for bf16 anyway). Nothing
-here is installed on a machine with CUDA (`install` refuses), and torch itself is never patched
-beyond the `Tensor.cuda` window above.
+The adapter calls `prepare(device)` for every trainer. Nothing here is installed on a machine with
+CUDA (`install` refuses, `prepare` skips the cell), and torch itself is never patched beyond the
+`Tensor.cuda` window above.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import operator
 import sys
 import types
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -88,6 +91,26 @@ def cpu_cuda_tensors(fn):
     return run
 
 
+def unfused(preprocess):
+    """`preprocess(grad, scaling, config)` with `config.gradient_reduce_div_fusion` read as False."""
+    @functools.wraps(preprocess)
+    def run(grad_data, scaling_factor, ddp_config):
+        config = Delegate("ddp_config", ddp_config)
+        config.gradient_reduce_div_fusion = False
+        return preprocess(grad_data, scaling_factor, config)
+    return run
+
+
+def prepare(device: torch.device) -> None:
+    """What a trainer on `device` needs: on CPU tensors the shim, only where CUDA is absent (else the
+    cell is skipped: use nccl there); nothing on a GPU."""
+    if device.type != "cpu":
+        return
+    if torch.cuda.is_available():
+        pytest.skip("Megatron-FSDP on CPU tensors runs through the CPU shim, only where CUDA is absent: use nccl")
+    install()
+
+
 def install() -> None:
     """Make megatron_fsdp run on the CPU (once per process; never where CUDA is available)."""
     if torch.cuda.is_available():
@@ -111,5 +134,6 @@ def install() -> None:
 
     utils._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
     param_and_grad_buffer.validate_uneven_dtensor = cpu_cuda_tensors(uneven_dtensor.validate_uneven_dtensor)
+    param_and_grad_buffer.gradient_reduce_preprocessing = unfused(param_and_grad_buffer.gradient_reduce_preprocessing)
     uneven_dtensor.dist = Delegate("torch.distributed", dist)
     uneven_dtensor.dist.all_gather = padded_all_gather

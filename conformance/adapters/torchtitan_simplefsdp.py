@@ -3,8 +3,10 @@
 `data_parallel(model, mesh, mode, mp_policy)` turns every parameter into a DTensor and recomputes
 its replicated value in forward (a parametrization that redistributes to Replicate); the backward of
 that redistribute reduces the gradient as `Partial(sum)`: SimpleFSDP **sums** gradients over the
-data-parallel ranks by design, so the trainer backpropagates `loss / dp_size`, which makes the
-reduced gradient the average (exact: dp_size is a power of two in the checks). Modes:
+data-parallel ranks by design, so the trainer divides the reduced gradients by dp_size after backward,
+where FSDP and unsharded training average too (backpropagating `loss / dp_size`, torchtitan's own
+normalisation, would round differently in a low-precision backward when dp_size is not a power of two
+and would move its float16 overflow by that factor: not what unsharded training computes). Modes:
 FULL_SHARD and SHARD_GRAD_OP -> `fully_shard` (eager autograd keeps the gathered value from forward
 to backward; resharding after forward is a graph pass of torchtitan's compiled trainer, numerically
 the same), NO_SHARD -> `replicate`, HYBRID_SHARD -> `hybrid_shard` on the (replicate, shard) mesh.
@@ -53,7 +55,10 @@ class SimpleFSDPTrainer:
 
     def forward_backward(self, batch):
         loss = self.recipe.loss_fn(self.model, batch)
-        (loss / self.dp_size).backward()  # gradients are summed over the ranks: sum(g/W) = mean(g)
+        loss.backward()
+        for p in self.model.parameters():  # summed over the ranks: the mean is sum(g) / W
+            if p.grad is not None:
+                p.grad.div_(self.dp_size)
         return loss.detach()
 
     def full_grads(self):
