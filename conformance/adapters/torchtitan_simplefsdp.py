@@ -20,6 +20,7 @@ import importlib.metadata
 
 import torch
 
+from conformance.adapters.dtensors import full_tensors
 from conformance.protocol import StepResult, Unsupported
 
 try:
@@ -62,8 +63,7 @@ class SimpleFSDPTrainer:
         return loss.detach()
 
     def full_grads(self):
-        # full_tensor() of a Replicate DTensor is its local tensor (replicate mode): a copy.
-        return {n: None if p.grad is None else p.grad.full_tensor().clone() for n, p in self.model.named_parameters()}
+        return full_tensors({n: p.grad for n, p in self.model.named_parameters()})
 
     def step(self):
         clip, total = self.recipe.clip, None
@@ -74,7 +74,7 @@ class SimpleFSDPTrainer:
         return StepResult(total_norm=total)
 
     def full_params(self):
-        return {n: p.detach().full_tensor().float().clone() for n, p in self.model.named_parameters()}
+        return {n: t.float() for n, t in full_tensors({n: p.detach() for n, p in self.model.named_parameters()}).items()}
 
 
 class SimpleFSDPAdapter:
