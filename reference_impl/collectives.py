@@ -128,6 +128,25 @@ def all_gather_rows(x: torch.Tensor, slot: Slot, group, out: Optional[torch.Tens
     return out
 
 
+def all_gather_rows_many(xs: Sequence[torch.Tensor], slots: Sequence[Slot], group) -> list[torch.Tensor]:
+    """:func:`all_gather_rows` for many tensors at once, one all-gather per dtype on the wire (a
+    float8 tensor travels as its bytes): each ``x_i`` padded to ``c_i`` rows, flattened and
+    concatenated, as a unit's flat buffer is.  Returns each as ``[ws * c_i, *x_i.shape[1:]]``."""
+    ws = group_size(group)
+    out: list[Optional[torch.Tensor]] = [None] * len(xs)
+    by_wire: dict = {}
+    for i, x in enumerate(xs):
+        wire = torch.uint8 if x.dtype.is_floating_point and x.dtype.itemsize == 1 else x.dtype
+        by_wire.setdefault(wire, []).append(i)
+    for wire, members in by_wire.items():
+        rows = [xs[i].view(wire).reshape(xs[i].shape[0], math.prod(xs[i].shape[1:])) for i in members]
+        local = torch.cat([F.pad(r, (0, 0, 0, slots[i].chunk - r.shape[0])).reshape(-1) for r, i in zip(rows, members)])
+        blocks = all_gather_flat(local, group).view(ws, -1).split([slots[i].chunk * r.shape[1] for r, i in zip(rows, members)], dim=1)
+        for i, block in zip(members, blocks):
+            out[i] = block.reshape(ws * slots[i].chunk, *xs[i].shape[1:]).view(xs[i].dtype)
+    return out
+
+
 def all_gather_flat(local: torch.Tensor, group) -> torch.Tensor:
     """``out[r * S:(r + 1) * S] = local_r`` for every rank ``r`` of ``group``."""
     ws = group_size(group)

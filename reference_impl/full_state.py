@@ -32,8 +32,11 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
         for u in units(model):
             if not u.params:
                 continue
-            fulls = [_gather_rows(sp.shard.detach(), sp.slot, u) if is_traceable_wrapper_subclass(sp.shard) else full
-                     for full, sp in zip(u.all_gather(param_dtype=u.params[0].shard.dtype), u.params)]
+            subclass = [is_traceable_wrapper_subclass(sp.shard) for sp in u.params]
+            fulls = u.all_gather(param_dtype=u.params[0].shard.dtype, skip=subclass)
+            inner = iter(_gather_subclasses([sp.shard.detach() for sp, s in zip(u.params, subclass) if s],
+                                            [sp.slot for sp, s in zip(u.params, subclass) if s], u))
+            fulls = [next(inner) if s else full for full, s in zip(fulls, subclass)]
             params = [nn.Parameter(f, requires_grad=sp.shard.requires_grad) for f, sp in zip(fulls, u.params)]
             for p in params:
                 p._full_view = True  # not a shard: units() must not adopt it
@@ -86,15 +89,31 @@ def gather_grads(unit: Unit) -> dict[int, torch.Tensor]:
         local = C.pack_shards([sp.shard.grad.detach().to(unit.device) for sp in same], slots, dtype)
         fulls = C.unpack_full(C.all_gather_flat(local, unit.shard_group), slots, unit.shard_size)
         out.update((id(sp.shard), full) for sp, full in zip(same, fulls))
-    for sp in with_grad:
-        if is_traceable_wrapper_subclass(sp.shard.grad):
-            out[id(sp.shard)] = _gather_rows(sp.shard.grad.detach(), sp.slot, unit)
+    subclass = [sp for sp in with_grad if is_traceable_wrapper_subclass(sp.shard.grad)]
+    fulls = _gather_subclasses([sp.shard.grad.detach() for sp in subclass], [sp.slot for sp in subclass], unit)
+    out.update((id(sp.shard), full) for sp, full in zip(subclass, fulls))
     return out
 
 
-def _gather_rows(shard: torch.Tensor, slot: C.Slot, unit: Unit) -> torch.Tensor:
-    """The full tensor of one shard (a subclass: inner tensor by inner tensor)."""
-    if is_traceable_wrapper_subclass(shard):
-        return C.map_inner(shard, lambda t: _gather_rows(t, slot, unit), slot.shape)
-    rows = shard.reshape(-1, *slot.shape[1:]).to(unit.device)
-    return C.all_gather_rows(rows, slot, unit.shard_group)[: slot.rows].reshape(slot.shape).clone()
+def _leaves(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors inside a (possibly nested) wrapper subclass, in ``__tensor_flatten__`` order."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    return [leaf for name in t.__tensor_flatten__()[0] for leaf in _leaves(getattr(t, name))]
+
+
+def _rebuild(t: torch.Tensor, fulls, shape: torch.Size) -> torch.Tensor:
+    """``t``'s subclass structure of ``shape`` around the next tensors of the iterator ``fulls``."""
+    if not is_traceable_wrapper_subclass(t):
+        return next(fulls)
+    return C.map_inner(t, lambda inner: _rebuild(inner, fulls, shape), shape)
+
+
+def _gather_subclasses(shards: list[torch.Tensor], slots: list[C.Slot], unit: Unit) -> list[torch.Tensor]:
+    """The full tensors of subclass shards (e.g. TwoTensor), inner tensor by inner tensor, every
+    inner tensor of the unit in one all-gather per dtype (each is sharded on rows like its parameter)."""
+    leaves = [(leaf.reshape(-1, *slot.shape[1:]).to(unit.device), slot) for shard, slot in zip(shards, slots)
+              for leaf in _leaves(shard)]
+    gathered = C.all_gather_rows_many([x for x, _ in leaves], [s for _, s in leaves], unit.shard_group)
+    fulls = iter(g[: slot.rows].reshape(slot.shape).clone() for g, (_, slot) in zip(gathered, leaves))
+    return [_rebuild(shard, fulls, slot.shape) for shard, slot in zip(shards, slots)]

@@ -196,13 +196,15 @@ class Unit:
         return self.strategy in (ShardingStrategy.FULL_SHARD, ShardingStrategy.HYBRID_SHARD) and self.shard_size > 1
 
     # -- 2. gather ----------------------------------------------------------------------------
-    def all_gather(self, param_dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
-        """The full tensors of all owned parameters, in ``param_dtype`` (default: the compute dtype).
+    def all_gather(self, param_dtype: Optional[torch.dtype] = None, skip=None) -> list[torch.Tensor]:
+        """The full tensors of all owned parameters, in ``param_dtype`` (default: the compute dtype);
+        ``None`` for those ``skip`` (one flag per parameter) marks.
 
         Plain parameters travel in one ``all_gather_single`` of the flat padded layout; a parameter
         with all-gather extensions goes through its hooks."""
+        skip = skip or [False] * len(self.params)
         fulls: list[Optional[torch.Tensor]] = [None] * len(self.params)
-        plain = [i for i, p in enumerate(self.params) if not has_extension(p.shard)]
+        plain = [i for i, p in enumerate(self.params) if not skip[i] and not has_extension(p.shard)]
         if plain:
             dtype = param_dtype or compute_dtype(self.mp, self.params[plain[0]].shard.dtype)
             slots = [self.params[i].slot for i in plain]
@@ -211,7 +213,7 @@ class Unit:
             for i, full in zip(plain, C.unpack_full(flat, slots, self.shard_size)):
                 fulls[i] = full
         for i, p in enumerate(self.params):
-            if fulls[i] is None:
+            if fulls[i] is None and not skip[i]:
                 p.extension = p.extension or ExtensionGather()
                 fulls[i] = p.extension.all_gather(
                     p.shard, p.slot, self.shard_group, device=self.device,
