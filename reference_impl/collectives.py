@@ -109,29 +109,12 @@ def map_inner(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], shape
     return type(t).__tensor_unflatten__(inner, ctx, shape, torch.empty(shape, device="meta").stride())
 
 
-def all_gather_rows(x: torch.Tensor, slot: Slot, group, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """All-gather ONE dim-0 sharded tensor into ``out`` (``[ws * chunk, ...]``, allocated if None):
-    pad to ``chunk`` rows, gather; the caller keeps the first ``n`` rows.  The per-tensor path, for
-    what cannot travel in a unit's flat buffer (extension inputs, subclass inner tensors).  A float8
-    tensor travels as its bytes (uint8): gloo and ``F.pad`` have no float8 types."""
-    if x.dtype.is_floating_point and x.dtype.itemsize == 1:
-        raw = None if out is None else out.view(torch.uint8)
-        return all_gather_rows(x.view(torch.uint8), slot, group, raw).view(x.dtype)
-    ws = group_size(group)
-    padded = F.pad(x.reshape(x.shape[0], math.prod(x.shape[1:])), (0, 0, 0, slot.chunk - x.shape[0]))
-    if out is None:
-        out = torch.empty(ws * slot.chunk, *x.shape[1:], dtype=x.dtype, device=x.device)
-    if ws == 1:
-        out.view(-1).copy_(padded.view(-1))
-    else:
-        dist.all_gather_single(out.view(-1), padded.reshape(-1), group=group)
-    return out
-
-
 def all_gather_rows_many(xs: Sequence[torch.Tensor], slots: Sequence[Slot], group) -> list[torch.Tensor]:
-    """:func:`all_gather_rows` for many tensors at once, one all-gather per dtype on the wire (a
-    float8 tensor travels as its bytes): each ``x_i`` padded to ``c_i`` rows, flattened and
-    concatenated, as a unit's flat buffer is.  Returns each as ``[ws * c_i, *x_i.shape[1:]]``."""
+    """All-gather dim-0 sharded tensors that cannot travel in a unit's flat buffer (extension
+    inputs, subclass inner tensors): each ``x_i`` is padded to ``c_i`` rows (``slots[i].chunk``;
+    more rows are cut), flattened and concatenated, one all-gather per dtype on the wire (a float8
+    tensor travels as its bytes: gloo and ``F.pad`` have no float8 types).  Returns each as
+    ``[ws * c_i, *x_i.shape[1:]]``; the caller keeps the first ``n_i`` rows."""
     ws = group_size(group)
     out: list[Optional[torch.Tensor]] = [None] * len(xs)
     by_wire: dict = {}
@@ -143,7 +126,8 @@ def all_gather_rows_many(xs: Sequence[torch.Tensor], slots: Sequence[Slot], grou
         local = torch.cat([F.pad(r, (0, 0, 0, slots[i].chunk - r.shape[0])).reshape(-1) for r, i in zip(rows, members)])
         blocks = all_gather_flat(local, group).view(ws, -1).split([slots[i].chunk * r.shape[1] for r, i in zip(rows, members)], dim=1)
         for i, block in zip(members, blocks):
-            out[i] = block.reshape(ws * slots[i].chunk, *xs[i].shape[1:]).view(xs[i].dtype)
+            out[i] = block.reshape(ws * slots[i].chunk, *xs[i].shape[1:]).view(xs[i].dtype).clone(
+                memory_format=torch.contiguous_format)  # its own storage, as a separate all-gather's output
     return out
 
 

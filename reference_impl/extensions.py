@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .collectives import Slot, all_gather_rows, group_rank, group_size
+from .collectives import Slot, all_gather_rows_many, group_rank, group_size
 
 
 def has_extension(t: torch.Tensor) -> bool:
@@ -62,31 +62,37 @@ def call_post_all_gather(t, outputs, metadata, param_dtype, out=None):
     return fn(outputs, metadata, param_dtype, out=out)
 
 
-def check_inputs_agree(inputs, slot: Slot, local_rows: int, group, device, error=None) -> None:
-    """Raise on EVERY rank if any rank's pre hook returned wrongly sized inputs.
+def check_inputs_agree(entries, group, device) -> None:
+    """Raise on EVERY rank if any rank's pre hook raised or returned wrongly sized inputs.
 
-    Each rank checks its own inputs (dim 0 must be ``local_rows`` or ``slot.chunk``) and hashes their
+    ``entries``: one ``(inputs, slot, local_rows, error)`` per parameter gathered together. Each
+    rank checks its own inputs (dim 0 must be ``local_rows`` or ``slot.chunk``) and hashes their
     trailing shapes; one small all-reduce (MIN of ``[ok, sig, -sig]``) tells every rank whether all
     ranks are fine and agree.  Raising only where the check fails would leave the other ranks
     blocked in the all-gather that follows.
     """
-    ok = error is None and all(x.dim() > 0 and x.shape[0] in (local_rows, slot.chunk) for x in inputs)
-    sig = hash((len(inputs), tuple((tuple(x.shape[1:]), x.element_size()) for x in inputs))) % (2**31)
+    ok = all(error is None and all(x.dim() > 0 and x.shape[0] in (local_rows, slot.chunk) for x in inputs)
+             for inputs, slot, local_rows, error in entries)
+    sig = hash(tuple((len(inputs), tuple((tuple(x.shape[1:]), x.element_size()) for x in inputs))
+                     for inputs, _, _, _ in entries)) % (2**31)
     flags = torch.tensor([int(ok), sig, -sig], dtype=torch.int64, device=device)
     if group_size(group) > 1:
         dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)
-    if error is not None:
-        raise error
+    for _, _, _, error in entries:
+        if error is not None:
+            raise error
     if flags[0].item() == 0 or flags[1].item() != -flags[2].item():
+        got = [tuple(x.shape) for inputs, _, _, _ in entries for x in inputs]
         raise ValueError(
             "fsdp_pre_all_gather returned inputs of the wrong size on some rank: each input must have "
-            f"dim 0 equal to the local rows ({local_rows} here) or the padded rows ({slot.chunk}), and "
-            f"all ranks must agree on trailing shapes; this rank got {[tuple(x.shape) for x in inputs]}"
+            "dim 0 equal to the local rows or the padded rows (ceil(rows / shards)), and all ranks must "
+            f"agree on trailing shapes; this rank's local rows {[e[2] for e in entries]}, padded "
+            f"{[e[1].chunk for e in entries]}, got {got}"
         )
 
 
 class ExtensionGather:
-    """How one parameter with all-gather extensions is gathered, and its memory between gathers.
+    """The memory of one parameter with all-gather extensions between gathers.
 
     The all-gather output buffers are kept and refilled on every all-gather, and the unsharded
     tensor from the first post hook is passed back as ``out=``, so a hook may rely on ``out``
@@ -98,23 +104,38 @@ class ExtensionGather:
         self.buffers: Optional[list[torch.Tensor]] = None
         self.unsharded: Optional[torch.Tensor] = None
 
-    def all_gather(self, shard: torch.Tensor, slot: Slot, group, *, device, param_dtype, mesh, module, mp_policy):
-        """``pre hook -> check sizes -> all-gather each input -> post hook``; returns the unsharded
-        tensor.  ``mesh``, ``module`` and ``mp_policy`` are passed on to the pre hook."""
-        start, end = slot.local_rows(group_rank(group))
-        local_rows = end - start
-        try:  # a hook that raises on one rank must fail every rank, not leave them in the all-gather
-            inputs, metadata = call_pre_all_gather(shard, slot, mesh, module, mp_policy)
-            inputs, error = tuple(x.to(device) for x in inputs), None
-        except Exception as exc:
-            inputs, metadata, error = (), None, exc
-        check_inputs_agree(inputs, slot, local_rows, group, device, error)
-        if self.buffers is None or [(b.shape[1:], b.dtype) for b in self.buffers] != [(x.shape[1:], x.dtype) for x in inputs]:
-            self.buffers, self.unsharded = [None] * len(inputs), None
-        self.buffers = [all_gather_rows(x, slot, group, b) for x, b in zip(inputs, self.buffers)]
+    def unshard(self, shard: torch.Tensor, slot: Slot, gathered, metadata, param_dtype) -> torch.Tensor:
+        """Refill the kept buffers with the all-gathered inputs, then the post hook."""
+        if self.buffers is None or [(b.shape, b.dtype) for b in self.buffers] != [(g.shape, g.dtype) for g in gathered]:
+            self.buffers, self.unsharded = list(gathered), None
+        else:
+            for b, g in zip(self.buffers, gathered):
+                b.copy_(g)
         outputs = tuple(b[: slot.rows] for b in self.buffers)
         if self.unsharded is None or self.unsharded.dtype != param_dtype:  # out= only for the same dtype
             self.unsharded, _to_free = call_post_all_gather(shard, outputs, metadata, param_dtype)
         else:
             call_post_all_gather(shard, outputs, metadata, param_dtype, out=self.unsharded)
         return self.unsharded
+
+
+def all_gather_with_extensions(params, group, *, device, param_dtypes, mesh, module, mp_policy) -> list[torch.Tensor]:
+    """``pre hooks -> one size check -> all-gather -> post hooks`` for a unit's parameters with
+    extensions (each with ``shard``, ``slot`` and ``extension``, an :class:`ExtensionGather`);
+    returns their unsharded tensors.  Every input of every hook travels in one all-gather per
+    dtype (:func:`all_gather_rows_many`); ``mesh``, ``module`` and ``mp_policy`` go to the pre hooks."""
+    rank, entries, metadatas = group_rank(group), [], []
+    for p in params:
+        start, end = p.slot.local_rows(rank)
+        try:  # a hook that raises on one rank must fail every rank, not leave them in the all-gather
+            inputs, metadata = call_pre_all_gather(p.shard, p.slot, mesh, module, mp_policy)
+            inputs, error = tuple(x.to(device) for x in inputs), None
+        except Exception as exc:
+            inputs, metadata, error = (), None, exc
+        entries.append((inputs, p.slot, end - start, error))
+        metadatas.append(metadata)
+    check_inputs_agree(entries, group, device)
+    flat = [(x, slot) for inputs, slot, _, _ in entries for x in inputs]
+    gathered = iter(all_gather_rows_many([x for x, _ in flat], [s for _, s in flat], group))
+    return [p.extension.unshard(p.shard, p.slot, [next(gathered) for _ in inputs], metadata, dtype)
+            for p, (inputs, _, _, _), metadata, dtype in zip(params, entries, metadatas, param_dtypes)]

@@ -35,7 +35,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import collectives as C
-from .extensions import ExtensionGather, has_extension
+from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
 from .topology import ShardingStrategy, compute_device, groups_of
 
@@ -212,13 +212,16 @@ class Unit:
             flat = C.all_gather_flat(local, self.shard_group)
             for i, full in zip(plain, C.unpack_full(flat, slots, self.shard_size)):
                 fulls[i] = full
-        for i, p in enumerate(self.params):
-            if fulls[i] is None and not skip[i]:
-                p.extension = p.extension or ExtensionGather()
-                fulls[i] = p.extension.all_gather(
-                    p.shard, p.slot, self.shard_group, device=self.device,
-                    param_dtype=param_dtype or compute_dtype(self.mp, p.shard.dtype),
-                    mesh=self.mesh, module=self.module, mp_policy=self.mp or MixedPrecision())
+        hooked = [i for i, p in enumerate(self.params) if fulls[i] is None and not skip[i]]
+        for i in hooked:
+            self.params[i].extension = self.params[i].extension or ExtensionGather()
+        if hooked:
+            unsharded = all_gather_with_extensions(
+                [self.params[i] for i in hooked], self.shard_group, device=self.device,
+                param_dtypes=[param_dtype or compute_dtype(self.mp, self.params[i].shard.dtype) for i in hooked],
+                mesh=self.mesh, module=self.module, mp_policy=self.mp or MixedPrecision())
+            for i, full in zip(hooked, unsharded):
+                fulls[i] = full
         return fulls
 
     def unshard(self, differentiable: bool) -> list[torch.Tensor]:

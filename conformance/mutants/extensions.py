@@ -51,8 +51,8 @@ class ExtensionSizeUnchecked(MutantAdapter):
         ext = importlib.import_module("reference_impl.extensions")
         original = ext.check_inputs_agree
 
-        def check(inputs, slot, local_rows, group, device, error=None):
-            if error is not None:
-                return original(inputs, slot, local_rows, group, device, error)
+        def check(entries, group, device):
+            if any(error is not None for *_, error in entries):
+                return original(entries, group, device)
 
         replace(ext, "check_inputs_agree", check)
