@@ -10,8 +10,9 @@ A local shard ``t`` (what :func:`reference_impl.local_shard` returns -- the regi
         -> (unsharded_tensor, tensors_to_free)  or  None when ``out`` is given
 
 Every tensor the pre hook returns is sharded on dim 0 like the parameter: it must have either this
-rank's number of rows or the padded ``ceil(n / ws)`` rows.  Each is all-gathered separately, cut to
-``n`` rows and handed to the post hook.  The first all-gather produces the unsharded tensor; later
+rank's number of rows or the padded ``ceil(n / ws)`` rows.  The inputs of a unit's parameters are
+all-gathered together (one all-gather per dtype, as FSDP2 gathers a unit), each cut to ``n`` rows
+and handed to its post hook.  The first all-gather produces the unsharded tensor; later
 ones pass it back as ``out=`` so the hook can refill it.  ``param_dtype`` is the mixed-precision
 ``param_dtype`` (else the shard's dtype).
 """
