@@ -25,8 +25,11 @@ def full_tensors(tensors: dict) -> dict:
     out, groups = {}, {}
     for name, t in tensors.items():
         dim = _shard_dim(t)
-        if dim is None:
-            out[name] = None if t is None else (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+        if dim is None and t is not None:
+            full = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+            out[name] = full if is_traceable_wrapper_subclass(full) else full.clone()  # NF4 re-quantizes on clone
+        elif dim is None:
+            out[name] = None
         else:
             group = t.device_mesh.get_group(dim)
             groups.setdefault((group, t.dtype, t.device), []).append((name, t, t.device_mesh.get_local_rank(dim)))
@@ -38,7 +41,7 @@ def full_tensors(tensors: dict) -> dict:
 def _shard_dim(t) -> int | None:
     """The mesh dimension a DTensor is row-sharded on, if its layout is FSDP's; else None."""
     if not isinstance(t, DTensor) or t.numel() == 0 or is_traceable_wrapper_subclass(t.to_local()):
-        return None  # empty, or a tensor subclass inside (its own all-gather): full_tensor()
+        return None  # empty, or a tensor subclass inside (NF4, float8: its own all-gather): full_tensor()
     placements = t.placements
     if not all(type(p) in (Replicate, Shard) for p in placements):  # _StridedShard, Partial: not here
         return None
