@@ -68,14 +68,12 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
         e = torch.cat([e.reshape(-1) for _, _, e in pairs])
         if a.numel():
             diff = (a - e).abs()
-            rel = diff / e.abs().clamp_min(1e-12)
-            for err, is_rel in ((diff, False), (rel, True)):
-                i = int(err.argmax())  # a NaN is the largest (argmax propagates NaN)
-                value, key = err[i].item(), keys[_segment(sizes, i)]
-                if is_rel and (worst_rel is None or _worse(max_rel, value) is value):
-                    max_rel, worst_rel = _worse(max_rel, value), key
-                if not is_rel and (worst_abs is None or _worse(max_abs, value) is value):
-                    max_abs, worst_abs = _worse(max_abs, value), key
+            abs_err, abs_key = _largest(diff, keys, sizes)
+            rel_err, rel_key = _largest(diff / e.abs().clamp_min(1e-12), keys, sizes)
+            if worst_abs is None or _worse(max_abs, abs_err) is abs_err:  # _worse returns one of the two
+                max_abs, worst_abs = _worse(max_abs, abs_err), abs_key
+            if worst_rel is None or _worse(max_rel, rel_err) is rel_err:
+                max_rel, worst_rel = _worse(max_rel, rel_err), rel_key
         close = torch.isclose(a, e, rtol=rt, atol=at, equal_nan=True)
         if not bool(close.all()):
             for (key, a64, e64), ok in zip(pairs, close.split(sizes)):
@@ -89,11 +87,14 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
             + "\n  ".join(failures[:10]))
 
 
-def _segment(sizes: list[int], index: int) -> int:
-    """Which of the concatenated tensors of `sizes` holds flat position `index`."""
-    for i, size in enumerate(sizes):
+def _largest(err: torch.Tensor, keys: list, sizes: list[int]) -> tuple[float, object]:
+    """The largest value of `err` (the concatenation of tensors of `sizes`, named `keys`) and the
+    key of the tensor holding it; a NaN is the largest (argmax propagates NaN)."""
+    index = int(err.argmax())
+    value = err[index].item()
+    for key, size in zip(keys, sizes):
         if index < size:
-            return i
+            return value, key
         index -= size
     raise IndexError(index)
 
