@@ -34,8 +34,8 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
                 continue
             subclass = [is_traceable_wrapper_subclass(sp.shard) for sp in u.params]
             fulls = u.all_gather(param_dtype=u.params[0].shard.dtype, skip=subclass)
-            inner = iter(_gather_subclasses([sp.shard.detach() for sp, s in zip(u.params, subclass) if s],
-                                            [sp.slot for sp, s in zip(u.params, subclass) if s], u))
+            wrapped = [sp for sp, s in zip(u.params, subclass) if s]
+            inner = iter(_gather_subclasses([sp.shard.detach() for sp in wrapped], [sp.slot for sp in wrapped], u))
             fulls = [next(inner) if s else full for full, s in zip(fulls, subclass)]
             params = [nn.Parameter(f, requires_grad=sp.shard.requires_grad) for f, sp in zip(fulls, u.params)]
             for p in params:

@@ -52,6 +52,10 @@ def _shard_dim(t) -> int | None:
 
 
 def _gather_rows(group, dtype, device, members) -> dict:
+    """``{name: full tensor}`` for ``members`` ((name, DTensor, this rank's index on the shard
+    dimension)) of one shard group and dtype: the layout of the module docstring, one all-gather.
+    Written apart from reference_impl's own gathers on purpose: a candidate's state is not read
+    through the yardstick's code."""
     size = dist.get_world_size(group)
     parts, layouts = [], []
     for name, t, index in members:
