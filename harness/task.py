@@ -81,7 +81,9 @@ def reset_process_state(seed: int) -> None:
     """Every test starts from the same state, whatever ran before it on this rank."""
     import torch
 
-    torch.manual_seed(seed)
+    from harness.context import manual_seed
+
+    manual_seed(seed)
     random.seed(seed)
     try:
         import numpy

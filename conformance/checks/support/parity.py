@@ -3,7 +3,9 @@
 `train_in_parity` builds the same model twice (same seed), hands one to the candidate's trainer and
 one to `DataParallelReference`, feeds both the same per-rank batches, and after every step compares
 the loss, the full gradients (averaged, unscaled, before clipping), the step's report (total norm,
-skipped, loss scale) and the full parameters. Every comparison's measured error is recorded.
+skipped, loss scale) and the full parameters. Every comparison's measured error is recorded. The
+reference's run is shared by the cells that train alike (shared_reference.py): the strategies of one
+workload, the implementations of one run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from conformance.checks.support import shared_reference
 from conformance.checks.support.compare import assert_close
 from conformance.checks.support.dp_reference import DataParallelReference
 from conformance.protocol import Recipe, ShardSpec
@@ -24,10 +27,14 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
     rank's batch of step i. `dtype`: the tolerance's dtype (default: that of the expected values)."""
     with ctx.seeded(0):
         model = build().to(ctx.device)
-    reference = DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group)
+    key = shared_reference.key(ctx, build, model, spec, recipe, batches)
+    reference = shared_reference.replay_or_record(
+        ctx, key, lambda: DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group))
     trainer = impl.trainer(model, spec, recipe)
     try:
-        return _steps(ctx, trainer, reference, recipe, batches, dtype)
+        results = _steps(ctx, trainer, reference, recipe, batches, dtype)
+        reference.keep()
+        return results
     finally:
         if hasattr(trainer, "close"):
             trainer.close()

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.nn import TransformerDecoderLayer, TransformerEncoderLayer
 
 from conformance.checks.support.models.wrapping import ConformanceModel, RankedModel, ShardUnit, WrapSpec
+from harness.context import manual_seed
 
 
 
@@ -210,7 +211,7 @@ class Net(ConformanceModel):
     IN_FEATURES = 8
 
     def __init__(self, has_wrapping: bool = False):
-        torch.manual_seed(0)
+        manual_seed(0)
         super().__init__()
         self.has_wrapping = has_wrapping
         self.wrap_variant = "has_wrapping" if has_wrapping else "no_wrapping"

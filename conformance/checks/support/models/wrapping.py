@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from harness.context import manual_seed
+
 
 # --------------------------------------------------------------------------
 # Wrapping specifications (data consumed by adapters)
@@ -174,7 +176,7 @@ class _BuiltOnce(type(nn.Module)):
                 _BuiltOnce._cache[key] = (copy.deepcopy(model), torch.get_rng_state())
                 return model
             pristine, rng_after = _BuiltOnce._cache[key]
-        torch.manual_seed(0)  # what building does first (every device's generator)
+        manual_seed(0)  # what building does first (every device's generator)
         torch.set_rng_state(rng_after)
         return copy.deepcopy(pristine)
 
@@ -196,7 +198,7 @@ class RankedModel(ConformanceModel, metaclass=_BuiltOnce):
         self.rank = rank
         self.world_size = world_size
         if deterministic:
-            torch.manual_seed(0)
+            manual_seed(0)
         self.build(**options)
         if device is not None:
             self.to(device)
@@ -212,4 +214,4 @@ class RankedModel(ConformanceModel, metaclass=_BuiltOnce):
 
     def seed_input(self) -> None:
         """torch's convention: a rank's inputs are drawn after seeding ``1 + rank``."""
-        torch.manual_seed(1 + self.rank)
+        manual_seed(1 + self.rank)

@@ -1,0 +1,161 @@
+"""The unsharded reference's results, computed once per rank process and shared by every cell that
+asks for the same training.
+
+The yardstick's run depends on the initial model, the per-rank batches, the recipe, the mixed
+precision, the device, the backend and the rank's place in its group; it does not depend on how a
+candidate shards (strategy, units, mesh), nor on which candidate runs. So the FULL_SHARD,
+SHARD_GRAD_OP, NO_SHARD and HYBRID_SHARD cells of one workload, and the same cell of every
+implementation of one `shardcheck run`, compare with one recorded run:
+
+    key(cell) = (build, recipe, mixed precision, device, backend, rank, group ranks,
+                 digest of the model's type, repr, initial parameters and buffers and the
+                 batches, for every rank of the group)
+
+A cell replays the recording only when every rank of its group holds it (one all-reduce decides), so
+ranks never disagree on whether the yardstick issues its collectives. A run is recorded only when it
+completed every step and drew no random numbers (replaying it would change what the candidate draws
+next). A key that missed an input would make cells fail loudly against the wrong expectation, never
+pass quietly: a candidate cannot match a yardstick it was not trained like.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+
+import torch
+import torch.distributed as dist
+
+from conformance.protocol import StepResult
+
+CAPACITY = 256  # recordings per process (small models: tens of KB each)
+_STORE: collections.OrderedDict = collections.OrderedDict()
+_LOCK = threading.Lock()  # thread mode: every rank of the world shares this process's store
+
+
+def _digest_into(h, value) -> None:
+    """Feed `value` (tensors, containers, scalars, strings) into the hash `h`."""
+    if torch.is_tensor(value):
+        t = value.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, dict):
+        h.update(b"D")
+        for k, v in value.items():
+            h.update(repr(k).encode())
+            _digest_into(h, v)
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)}".encode())
+        for v in value:
+            _digest_into(h, v)
+    else:
+        h.update(repr(value).encode())
+
+
+def key(ctx, build, model: torch.nn.Module, spec, recipe, batches: list) -> tuple:
+    """What the reference's run on this rank depends on (see the module docstring): `model` as built,
+    untrained, and the batches of EVERY rank, since the averaged gradients are made of them all.
+    Collective: every rank of the group calls it (one all-gather of the ranks' digests)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{type(model).__module__}.{type(model).__qualname__}\n{model!r}\n{model.training}".encode())
+    _digest_into(h, dict(model.named_parameters()))
+    _digest_into(h, dict(model.named_buffers()))
+    _digest_into(h, batches)
+    every_rank = tuple(ctx.all_gather_object(h.hexdigest()))
+    group_ranks = tuple(dist.get_process_group_ranks(ctx.group)) if ctx.group is not None else None
+    # `build` and the recipe's loss function compare by identity: a closure made per cell never
+    # matches another cell's, and an object cannot be freed (and its id reused) while a key holds it.
+    return (build, recipe, spec.mixed_precision, str(ctx.device), ctx.backend, ctx.rank, group_ranks,
+            every_rank)
+
+
+def _held_by_every_rank(ctx, held: bool) -> bool:
+    flag = torch.tensor([1 if held else 0], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ctx.group)
+    return bool(flag.item())
+
+
+def replay_or_record(ctx, cell_key: tuple, compute):
+    """A `Replay` of the recorded run for `cell_key` if every rank holds one; otherwise a `Recording`
+    of `compute()` (a `DataParallelReference`), to be `keep`-ed once its steps are done."""
+    with _LOCK:
+        steps = _STORE.get(cell_key)
+        if steps is not None:
+            _STORE.move_to_end(cell_key)
+    if _held_by_every_rank(ctx, steps is not None):
+        return Replay(steps)
+    return Recording(compute(), cell_key, ctx.device)
+
+
+def _rng_states(device: torch.device) -> list[torch.Tensor]:
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+class Recording:
+    """The reference, with every output of every step copied as it is produced."""
+
+    def __init__(self, reference, cell_key: tuple, device: torch.device) -> None:
+        self.reference, self.key, self.device, self.steps = reference, cell_key, device, []
+        self.drew_random = False
+
+    def _watch(self, call):
+        before = _rng_states(self.device)
+        out = call()
+        self.drew_random |= any(not torch.equal(a, b) for a, b in zip(before, _rng_states(self.device)))
+        return out
+
+    def forward_backward(self, batch) -> torch.Tensor:
+        loss = self._watch(lambda: self.reference.forward_backward(batch))
+        self.steps.append({"loss": loss.detach().clone()})
+        return loss
+
+    def full_grads(self) -> dict:
+        grads = self.reference.full_grads()
+        self.steps[-1]["grads"] = {n: None if g is None else g.detach().clone() for n, g in grads.items()}
+        return grads
+
+    def step(self) -> StepResult:
+        result = self._watch(self.reference.step)
+        self.steps[-1]["result"] = result
+        return result
+
+    def full_params(self) -> dict:
+        params = self.reference.full_params()
+        self.steps[-1]["params"] = {n: p.detach().clone() for n, p in params.items()}
+        return params
+
+    def keep(self) -> None:
+        """Store the run for later cells: only a complete one that drew no random numbers."""
+        if self.drew_random or not self.steps or any(len(s) != 4 for s in self.steps):
+            return
+        with _LOCK:
+            _STORE[self.key] = self.steps
+            while len(_STORE) > CAPACITY:
+                _STORE.popitem(last=False)
+
+
+class Replay:
+    """The same interface, answered from a recording, step by step."""
+
+    def __init__(self, steps: list) -> None:
+        self.steps, self.i = steps, -1
+
+    def forward_backward(self, batch) -> torch.Tensor:
+        self.i += 1
+        return self.steps[self.i]["loss"]
+
+    def full_grads(self) -> dict:
+        return self.steps[self.i]["grads"]
+
+    def step(self) -> StepResult:
+        return self.steps[self.i]["result"]
+
+    def full_params(self) -> dict:
+        return self.steps[self.i]["params"]
+
+    def keep(self) -> None:
+        pass
