@@ -11,8 +11,9 @@ implementation and layer. Exit code: 0 when no cell failed or errored (xfailed a
 do not count) and every implementation's coverage is at least --min-coverage (default 0: off, since
 an implementation without FSDP-style APIs legitimately reaches few api cells; CI should set it), 1
 otherwise; 2 for a usage error of this command (bad option value, unwritable report path, a report
-path another live run writes); pytest's codes for its usage errors pass through. `-- -n 2` runs it
-on pytest-xdist workers. The default report name carries the time and the process id, so runs
+path another live run writes); pytest's codes for its usage errors pass through. Several
+implementations run on pytest-xdist workers, one per core (`--workers N` sets it, 0 for this
+process alone; one implementation runs in this process unless told). The default report name carries the time and the process id, so runs
 started together never share a file.
 
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
@@ -85,6 +86,9 @@ def _run(args, passthrough: list[str]) -> int:
         argv += ["--world-sizes", args.world_sizes]
     if args.k:
         argv += ["-k", args.k]
+    workers = workers_for(args, launch, passthrough) if args.workers == "auto" else args.workers
+    if workers:
+        argv += ["-n", str(workers)]
     if args.launcher == "torchrun":  # re-run this command on ranks started by torchrun
         return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 "--nproc-per-node", str(args.nproc_per_node), "-m", "conformance.cli",
@@ -104,6 +108,36 @@ def _run(args, passthrough: list[str]) -> int:
     if out.is_file() and out.stat().st_mtime_ns != before:
         print(f"shardcheck: report written to {out}")
     return progress.exit_code(code, args.min_coverage)
+
+
+MAX_AUTO_WORKERS = 4
+
+
+def workers_for(args, launch, passthrough: list[str]) -> int:
+    """`--workers auto`: with several implementations, one pytest-xdist worker per core (at most one
+    per implementation, at most MAX_AUTO_WORKERS): the cells of one implementation wait on gloo's
+    latency, which another implementation's cells fill (all six built-in implementations on 2
+    cores: 441 s in one process, 297 s on two workers). Otherwise 0, i.e. in this process: one
+    implementation (workers would each start their own pools and reference recordings), a launcher's
+    ranks, nccl (`-- -n gpus` leases the GPUs), `-n` given after `--`, or no pytest-xdist."""
+    impls = args.impl or ["reference"]
+    several = len(impls) > 1 or "all" in impls
+    if (not several or args.launcher != "none" or launch is not None or args.backend == "nccl"
+            or "no:xdist" in passthrough or any(a.startswith(("-n", "--numprocesses")) for a in passthrough)):
+        return 0
+    try:
+        import xdist  # noqa: F401  (the test extra installs it)
+    except ImportError:
+        return 0
+    return min(os.cpu_count() or 1, MAX_AUTO_WORKERS, 16 if "all" in impls else len(impls))
+
+
+def _workers(text: str) -> str | int:
+    if text == "auto":
+        return text
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is neither a number of workers nor 'auto'")
 
 
 def _without_launcher(argv: list[str]) -> list[str]:
@@ -246,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--min-coverage", type=_percent, default=0.0, metavar="PCT",
                      help="fail the run when an implementation's coverage (cells that reached a verdict "
                           "/ cells collected, all layers) is below PCT percent (default 0: off)")
+    run.add_argument("--workers", type=_workers, default="auto", metavar="N|auto",
+                     help="pytest-xdist workers; 0: in this process; auto (default): one per core (at most "
+                          f"{MAX_AUTO_WORKERS}) when several implementations run, else 0")
     run.add_argument("--launcher", choices=("none", "torchrun"), default="none",
                      help="torchrun: run the matrix on ranks started by torchrun --standalone "
                           "(multi-node: start `torchrun ... -m conformance.cli run` yourself)")

@@ -4,6 +4,7 @@ stream, and no environment variable recorded unless it is named."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -38,6 +39,33 @@ def _run(*args: str):
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _args(*impls, backend="gloo", launcher="none"):
+    return argparse.Namespace(impl=list(impls) or None, backend=backend, launcher=launcher)
+
+
+@pytest.mark.parametrize("args, passthrough, expected", [
+    (_args(), [], 0),                                    # one implementation: in this process
+    (_args("reference", "ddp"), [], 2),                  # several: a worker per core, at most one each
+    (_args("reference", "ddp", "deepspeed"), [], 3),
+    (_args("all"), [], cli.MAX_AUTO_WORKERS),
+    (_args("all"), ["-n", "3"], 0),                      # `-- -n`: pytest-xdist's own option decides
+    (_args("all"), ["-p", "no:xdist"], 0),
+    (_args("all", backend="nccl"), [], 0),               # `-- -n gpus` leases the GPUs
+    (_args("all", launcher="torchrun"), [], 0),          # every launcher rank runs the cells
+])
+def test_auto_workers(args, passthrough, expected, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert cli.workers_for(args, None, passthrough) == expected
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert cli.workers_for(args, None, passthrough) == min(expected, 2)
+
+
+def test_workers_is_a_number_or_auto(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--workers", "many"])
+    assert exit_.value.code == 2 and "'many' is neither a number of workers nor 'auto'" in capsys.readouterr().err
 
 
 def test_failed_cell_fails_the_run_and_xdist_workers_make_one_report(tmp_path):
