@@ -13,8 +13,8 @@ an implementation without FSDP-style APIs legitimately reaches few api cells; CI
 otherwise; 2 for a usage error of this command (bad option value, unwritable report path, a report
 path another live run writes); pytest's codes for its usage errors pass through. Several
 implementations run on pytest-xdist workers, one per core (`--workers N` sets it, 0 for this
-process alone; one implementation runs in this process unless told). The default report name carries the time and the process id, so runs
-started together never share a file.
+process alone; one implementation runs in this process unless told). The default report name
+carries the time and the process id, so runs started together never share a file.
 
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
 
@@ -129,7 +129,8 @@ def workers_for(args, launch, passthrough: list[str]) -> int:
         import xdist  # noqa: F401  (the test extra installs it)
     except ImportError:
         return 0
-    return min(os.cpu_count() or 1, MAX_AUTO_WORKERS, 16 if "all" in impls else len(impls))
+    one_per_impl = MAX_AUTO_WORKERS if "all" in impls else len(impls)
+    return min(os.cpu_count() or 1, MAX_AUTO_WORKERS, one_per_impl)
 
 
 def _workers(text: str) -> str | int:

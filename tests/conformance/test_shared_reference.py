@@ -16,7 +16,7 @@ from harness import distributed
 MLP = WORKLOADS["uneven_mlp"]
 
 
-def _cell(ctx, build, strategy="FULL_SHARD", **changes):
+def _cell(ctx, strategy="FULL_SHARD", **changes):
     recipe = Recipe(loss_fn=MLP.loss_fn, optimizer=changes.pop("optimizer", Optimizer("adam", lr=1e-2)),
                     clip=Clip(0.05, 2.0))
     spec = ShardSpec(strategy=strategy, units=MLP.units, mesh=ctx.mesh(), **changes)
@@ -33,9 +33,9 @@ def _key(ctx, build, spec, recipe, batches):
 def test_strategies_of_one_workload_share_one_recorded_run(ctx):
     build = lambda: UnevenMLP()  # a closure of this test: no other cell's recording matches it
     batches = MLP.batches(ctx, 3)
-    full = _cell(ctx, build, "FULL_SHARD")
+    full = _cell(ctx, "FULL_SHARD")
     key = _key(ctx, build, *full, batches)
-    assert key == _key(ctx, build, *_cell(ctx, build, "NO_SHARD"), batches)  # sharding is not an input
+    assert key == _key(ctx, build, *_cell(ctx, "NO_SHARD"), batches)  # sharding is not an input
     first = train_in_parity(ctx, ReferenceAdapter(), build, *full, batches)
 
     def must_not_compute():
@@ -43,7 +43,7 @@ def test_strategies_of_one_workload_share_one_recorded_run(ctx):
 
     replay = shared_reference.replay_or_record(ctx, key, must_not_compute)
     assert isinstance(replay, shared_reference.Replay)
-    second = train_in_parity(ctx, ReferenceAdapter(), build, *_cell(ctx, build, "SHARD_GRAD_OP"), batches)
+    second = train_in_parity(ctx, ReferenceAdapter(), build, *_cell(ctx, "SHARD_GRAD_OP"), batches)
     assert second == first  # the StepResults (total norms) of the replay are the recorded ones
 
 
@@ -51,23 +51,23 @@ def test_strategies_of_one_workload_share_one_recorded_run(ctx):
 def test_whatever_changes_the_training_changes_the_key(ctx):
     build = lambda: UnevenMLP()
     batches = MLP.batches(ctx, 2)
-    base = _key(ctx, build, *_cell(ctx, build), batches)
-    spec, recipe = _cell(ctx, build, optimizer=Optimizer("adam", lr=2e-2))
+    base = _key(ctx, build, *_cell(ctx), batches)
+    spec, recipe = _cell(ctx, optimizer=Optimizer("adam", lr=2e-2))
     other_batches = MLP.batches(ctx, 3)[1:]
     changed = {
         "optimizer": _key(ctx, build, spec, recipe, batches),
-        "batches": _key(ctx, build, *_cell(ctx, build), other_batches),
+        "batches": _key(ctx, build, *_cell(ctx), other_batches),
         # the other rank's batches alone: this rank's averaged gradients are made of them too
-        "another rank's batches": _key(ctx, build, *_cell(ctx, build), other_batches if ctx.rank == 1 else batches),
-        "mixed precision": _key(ctx, build, *_cell(ctx, build, mixed_precision=MixedPrecision(
+        "another rank's batches": _key(ctx, build, *_cell(ctx), other_batches if ctx.rank == 1 else batches),
+        "mixed precision": _key(ctx, build, *_cell(ctx, mixed_precision=MixedPrecision(
             param_dtype=torch.bfloat16)), batches),
-        "build": _key(ctx, lambda: UnevenMLP(), *_cell(ctx, build), batches),
+        "build": _key(ctx, lambda: UnevenMLP(), *_cell(ctx), batches),
     }
     with ctx.seeded(0):
         model = build()
     with torch.no_grad():
         model.head.bias.add_(1e-7)
-    changed["initial parameters"] = shared_reference.key(ctx, build, model, *_cell(ctx, build), batches)
+    changed["initial parameters"] = shared_reference.key(ctx, build, model, *_cell(ctx), batches)
     for what, key in changed.items():
         assert key != base, f"{what} changed but the key did not"
 
