@@ -1,6 +1,7 @@
 """`checks/support/shared_reference`: cells that train alike replay one recorded run of the unsharded
 reference, bit for bit what computing it again gives; anything that changes the training changes the
-key; a run that is partial or drew random numbers is not kept; ranks that disagree all recompute."""
+key; a run that is partial or drew random numbers is not kept; ranks that disagree all recompute. The
+same for `computed_once`, a check's reference side written as a function."""
 
 from __future__ import annotations
 
@@ -114,3 +115,46 @@ def test_partial_or_random_runs_are_not_kept_and_disagreeing_ranks_recompute(ctx
         got = shared_reference.replay_or_record(ctx, key, lambda: made.append(key) or _FakeReference(False))
         assert isinstance(got, shared_reference.Replay if key is kept else shared_reference.Recording), key
     assert made == [partial, random_, lopsided]
+
+
+
+def _reference_side(calls: list, *, draw: bool = False):
+    """A check's reference side (a new function per test, so no other test's result matches): it
+    all-reduces, as a yardstick's gradient average does, and counts its calls."""
+    def compute(ctx, scale):
+        calls.append(scale)
+        t = torch.full((3,), float(ctx.rank + 1))
+        torch.distributed.all_reduce(t, group=ctx.group)
+        if draw:
+            torch.rand(())
+        return {"sum": t * scale, "parts": [t.clone(), (scale,)]}
+    return compute
+
+
+@distributed(world_size=[2, 4])
+def test_computed_once_per_arguments_and_copied(ctx):
+    calls = []
+    compute = _reference_side(calls)
+    first = shared_reference.computed_once(ctx, compute, 2.0)
+    want = torch.full((3,), 2.0 * sum(range(1, ctx.world_size + 1)))
+    assert torch.equal(first["sum"], want)
+    first["sum"].zero_()  # a cell that changes what it got changes nothing kept
+    again = shared_reference.computed_once(ctx, compute, 2.0)
+    assert torch.equal(again["sum"], want) and again["parts"][1] == (2.0,)
+    assert calls == [2.0], "computed again for the same arguments"
+    shared_reference.computed_once(ctx, compute, 3.0)
+    assert calls == [2.0, 3.0], "other arguments must compute"
+
+
+@distributed(world_size=2)
+def test_computed_once_keeps_nothing_that_drew_random_numbers_or_one_rank_lacks(ctx):
+    calls = []
+    drawing = _reference_side(calls, draw=True)
+    for _ in range(2):
+        shared_reference.computed_once(ctx, drawing, 5.0)
+    assert calls == [5.0, 5.0], "a result that drew random numbers was replayed"
+    calls.clear()
+    compute = _reference_side(calls)
+    shared_reference.computed_once(ctx, compute, 7.0 if ctx.rank == 0 else 8.0)  # rank 0 alone holds 7.0
+    shared_reference.computed_once(ctx, compute, 7.0)
+    assert calls == [7.0 if ctx.rank == 0 else 8.0, 7.0], "ranks that disagree must all compute again"

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conformance.checks.support import models as M
+from conformance.checks.support import models as M, shared_reference
 from conformance.protocol import MixedPrecision, ShardSpec
 from conformance.checks.support.compare import assert_close
 from conformance.protocol.capabilities import of_strategy
@@ -91,6 +91,45 @@ def _ddp_parity_requires(params):
     return needed
 
 
+def _data_parallel_clip(ctx, max_norm, norm_type) -> dict:
+    """The data-parallel side of test_ddp_parity, computed once for all its strategies and offload
+    settings: the averaged gradients scaled by LARGE_FACTOR, before and after
+    torch.nn.utils.clip_grad_norm_, the total norm, the parameters after one Adam step, then the total
+    norms of three more iterations."""
+    with ctx.seeded(0):
+        ref_model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
+    ref_optim = torch.optim.Adam(ref_model.parameters(), lr=LR)
+    inputs = _inputs(ctx, ref_model)
+    ref_model.get_loss(inputs[0], ref_model(*inputs[0])).backward()
+    average_gradients_([p.grad for p in ref_model.parameters()], ctx.group)
+    for p in ref_model.parameters():
+        if p.grad is not None:
+            p.grad *= LARGE_FACTOR
+    ref = {"before": grads_of(ref_model)}
+    ref["total"] = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm, norm_type=norm_type)
+    ref["after"] = grads_of(ref_model)
+    ref_optim.step()
+    ref["params"] = detached_copies(dict(ref_model.named_parameters()))
+    ref["totals"] = []
+    for i, inp in enumerate(inputs[1:]):
+        ref_optim.zero_grad(set_to_none=i % 2 == 0)
+        ref_model(*inp).sum().backward()
+        average_gradients_([p.grad for p in ref_model.parameters()], ctx.group)
+        ref["totals"].append(torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm,
+                                                            norm_type=norm_type))
+        ref_optim.step()
+    return ref
+
+
+def _inputs(ctx, model) -> list:
+    """The four iterations' inputs (seeds 1 to 4), the same on both sides."""
+    inputs = []
+    for seed in range(1, 5):
+        with ctx.seeded(seed):
+            inputs.append(model.get_input(ctx.device))
+    return inputs
+
+
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_ddp_parity_requires)
 @pytest.mark.parametrize("offload", [False, True], ids=["no_offload", "offload"])
@@ -99,68 +138,52 @@ def _ddp_parity_requires(params):
 @pytest.mark.parametrize("max_norm", [1, 2.5])
 def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
     """Clip on the sharded model == torch.nn.utils.clip_grad_norm_ on the data-parallel one."""
+    ref = shared_reference.computed_once(ctx, _data_parallel_clip, max_norm, norm_type)
     with ctx.seeded(0):
-        ref_model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
         model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
+    inputs, get_loss = _inputs(ctx, model), model.get_loss
     common = dict(offload=offload, mesh=ctx.mesh())
     if strategy == "mixed_strategy":
         spec = shard_spec_of(model, "mixed_strategy", **common)
     else:
         spec = shard_spec_of(model, strategy=strategy, **common)
     model = impl.shard(model, spec)
-    ref_optim = torch.optim.Adam(ref_model.parameters(), lr=LR)
     optim = torch.optim.Adam(model.parameters(), lr=LR)
 
-    with ctx.seeded(1):
-        inp = ref_model.get_input(ctx.device)
-    ref_model.get_loss(inp, ref_model(*inp)).backward()
-    average_gradients_([p.grad for p in ref_model.parameters()], ctx.group)
-    ref_model.get_loss(inp, model(*inp)).backward()
+    get_loss(inputs[0], model(*inputs[0])).backward()
     # Scale gradients by a large factor so that they are certainly clipped.
-    for p in list(ref_model.parameters()) + list(model.parameters()):
+    for p in model.parameters():
         if p.grad is not None:  # None is possible (FSDP1 use_orig_params=True)
             p.grad *= LARGE_FACTOR
-    ref_before = grads_of(ref_model)
     local_before = [None if p.grad is None else local_part(p.grad).clone() for p in model.parameters()]
     full_before = detached_copies(impl.full_grads(model))
-    assert_close(ctx, full_before, ref_before, "scaled grads before clip")
+    assert_close(ctx, full_before, ref["before"], "scaled grads before clip")
 
-    ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm, norm_type=norm_type)
     total = impl.clip_grad_norm_(model, max_norm, norm_type)
-    assert ref_total.item() > max_norm, "reference total norm below max_norm: clipping would be vacuous"
-    assert_close(ctx, total, ref_total, "total norm")
+    assert ref["total"].item() > max_norm, "reference total norm below max_norm: clipping would be vacuous"
+    assert_close(ctx, total, ref["total"], "total norm")
     # Every gradient was modified by clipping (the seed's check), on both sides.
-    for name, g in grads_of(ref_model).items():
-        assert not torch.equal(g, ref_before[name]), f"reference {name} not clipped"
+    for name, g in ref["after"].items():
+        assert not torch.equal(g, ref["before"][name]), f"reference {name} not clipped"
     for p, before in zip(model.parameters(), local_before):
         if p.grad is None:
             assert before is None, "a gradient appeared during clip_grad_norm_"
         elif before.numel():
             assert not torch.equal(local_part(p.grad), before), "a local gradient was not clipped"
     full_after = detached_copies(impl.full_grads(model))
-    assert_close(ctx, full_after, grads_of(ref_model), "grads after clip")
+    assert_close(ctx, full_after, ref["after"], "grads after clip")
     assert_clipped(full_before, full_after, max_norm, norm_type, "full")
 
-    ref_optim.step()
     optim.step()
-    assert_close(ctx, detached_copies(impl.full_params(model)), dict(ref_model.named_parameters()), "params after step")
+    assert_close(ctx, detached_copies(impl.full_params(model)), ref["params"], "params after step")
 
     # A few more iterations. The seed skips them with offload because GPU and CPU arithmetic drift
     # apart (pytorch#89133); here compute and offload are both on the CPU, so they run in every cell.
-    for i in range(3):
-        set_to_none = i % 2 == 0  # exercise both
-        ref_optim.zero_grad(set_to_none=set_to_none)
-        optim.zero_grad(set_to_none=set_to_none)
-        with ctx.seeded(2 + i):
-            inp = ref_model.get_input(ctx.device)
-        ref_model(*inp).sum().backward()
-        average_gradients_([p.grad for p in ref_model.parameters()], ctx.group)
+    for i, inp in enumerate(inputs[1:]):
+        optim.zero_grad(set_to_none=i % 2 == 0)  # exercise both
         model(*inp).sum().backward()
-        ref_total = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), max_norm=max_norm,
-                                                   norm_type=norm_type)
         total = impl.clip_grad_norm_(model, max_norm, norm_type)
-        assert_close(ctx, total, ref_total, f"it{i + 1} total norm")
-        ref_optim.step()
+        assert_close(ctx, total, ref["totals"][i], f"it{i + 1} total norm")
         optim.step()
     # Like the seed, no parameter comparison after these steps: the key part of each attention
     # in_proj_bias has an analytically zero gradient (softmax is shift-invariant), so its float noise

@@ -16,6 +16,10 @@ ranks never disagree on whether the yardstick issues its collectives. A run is r
 completed every step and drew no random numbers (replaying it would change what the candidate draws
 next). A key that missed an input would make cells fail loudly against the wrong expectation, never
 pass quietly: a candidate cannot match a yardstick it was not trained like.
+
+`computed_once` does the same for a check that writes its reference side as a function of its
+parameters (clip_grad's DDP parity: one reference per (max_norm, norm_type), shared by the strategies
+and offload settings).
 """
 
 from __future__ import annotations
@@ -86,6 +90,43 @@ def replay_or_record(ctx, cell_key: tuple, compute):
     if _held_by_every_rank(ctx, steps is not None):
         return Replay(steps)
     return Recording(compute(), cell_key, ctx.device)
+
+
+def computed_once(ctx, compute, *args):
+    """``compute(ctx, *args)``: a check's reference side, returning tensors in dicts, lists and
+    tuples, computed once per rank process for every cell that passes the same `compute` and `args`
+    on the same device, backend, rank and group; later cells get copies.
+
+    `compute` must depend on nothing else: it builds its own model and draws its inputs under
+    `ctx.seeded`. A result is kept only if `compute` left the random number generators as it found
+    them. As with `replay_or_record`, every rank recomputes unless every rank holds the result."""
+    group_ranks = tuple(dist.get_process_group_ranks(ctx.group)) if ctx.group is not None else None
+    cell_key = (compute, args, str(ctx.device), ctx.backend, ctx.rank, group_ranks)
+    with _LOCK:
+        kept = _STORE.get(cell_key)
+        if kept is not None:
+            _STORE.move_to_end(cell_key)
+    if _held_by_every_rank(ctx, kept is not None):
+        return _copied(kept)
+    before = _rng_states(ctx.device)
+    result = compute(ctx, *args)
+    if all(torch.equal(a, b) for a, b in zip(before, _rng_states(ctx.device))):
+        with _LOCK:
+            _STORE[cell_key] = _copied(result)
+            while len(_STORE) > CAPACITY:
+                _STORE.popitem(last=False)
+    return result
+
+
+def _copied(value):
+    """`value` with every tensor detached and cloned: what a cell gets cannot change what is kept."""
+    if torch.is_tensor(value):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def _rng_states(device: torch.device) -> list[torch.Tensor]:
