@@ -1,1 +1,13 @@
+import os
+
 pytest_plugins = ["pytester"]
+
+# The suite starts some ninety child pytest sessions (mutant runs, fault injection, CLI runs, torchrun
+# ranks), which inherit this variable. hypothesis's pytest plugin imports all of hypothesis at the end
+# of every session (its pytest_terminal_summary imports hypothesis.internal.observability, hypothesis
+# 6.170), and pytest rewrites the asserts of its 60-odd modules, a plugin's: about 1 s of CPU per
+# session where bytecode is not cached (PYTHONDONTWRITEBYTECODE), 28 s of the README test command's
+# wall time on 2 cores. No child session uses the plugin (shardcheck explore uses hypothesis's API).
+NO_HYPOTHESIS_PLUGIN = "-p no:hypothesispytest"
+if NO_HYPOTHESIS_PLUGIN not in os.environ.get("PYTEST_ADDOPTS", ""):
+    os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {NO_HYPOTHESIS_PLUGIN}".strip()

@@ -79,7 +79,11 @@ def _run(args, passthrough: list[str]) -> int:
     argv = sorted(str(p) for f in families for p in CHECKS.rglob(f"test_{f}*.py"))
     argv += ["-p", "no:cacheprovider", "--backend", args.backend, "--shardcheck-report", str(out),
              "-o", "addopts=", "-o", "console_output_style=classic", "-q", "-rfEU",
-             "-W", "ignore::pytest.PytestAssertRewriteWarning"]  # conformance is imported before pytest
+             "-W", "ignore::pytest.PytestAssertRewriteWarning",  # conformance is imported before pytest
+             # hypothesis's pytest plugin is for @given tests (explore drives hypothesis through its
+             # API), and imports all of hypothesis at the end of every session: ~1 s of CPU where
+             # bytecode is not cached (pytest rewrites a plugin's modules)
+             "-p", "no:hypothesispytest"]
     for impl in args.impl or []:
         argv += ["--impl", impl]
     if args.world_sizes:
