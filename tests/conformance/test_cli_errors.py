@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import warm_python
 from conformance.cli import main as cli
 from conformance.report import reading
 from conformance.report import writer as reporting
@@ -20,9 +21,8 @@ SHARDCHECK = [sys.executable, "-m", "conformance.cli"]
 ONE_CELL = ("--family", "comm_hooks", "--world-sizes", "2", "-k", "default_communication_hook_behavior and NO_SHARD")
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*SHARDCHECK, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+def _run(*args: str) -> warm_python.Completed:
+    return warm_python.run([*SHARDCHECK[1:], *args], cwd=ROOT, timeout=300)  # its own process, started warm
 
 
 def _one_line_error(proc, *words) -> str:
