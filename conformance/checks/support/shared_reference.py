@@ -67,11 +67,31 @@ def key(ctx, build, model: torch.nn.Module, spec, recipe, batches: list) -> tupl
     _digest_into(h, dict(model.named_buffers()))
     _digest_into(h, batches)
     every_rank = tuple(ctx.all_gather_object(h.hexdigest()))
-    group_ranks = tuple(dist.get_process_group_ranks(ctx.group)) if ctx.group is not None else None
     # `build` and the recipe's loss function compare by identity: a closure made per cell never
     # matches another cell's, and an object cannot be freed (and its id reused) while a key holds it.
-    return (build, recipe, spec.mixed_precision, str(ctx.device), ctx.backend, ctx.rank, group_ranks,
-            every_rank)
+    return (build, recipe, spec.mixed_precision, *_place(ctx), every_rank)
+
+
+def _place(ctx) -> tuple:
+    """Where a rank's run happens: device, backend, rank, and the ranks of its group."""
+    group_ranks = tuple(dist.get_process_group_ranks(ctx.group)) if ctx.group is not None else None
+    return str(ctx.device), ctx.backend, ctx.rank, group_ranks
+
+
+def _kept(cell_key: tuple):
+    """What this process keeps for `cell_key`, or None."""
+    with _LOCK:
+        value = _STORE.get(cell_key)
+        if value is not None:
+            _STORE.move_to_end(cell_key)
+        return value
+
+
+def _keep(cell_key: tuple, value) -> None:
+    with _LOCK:
+        _STORE[cell_key] = value
+        while len(_STORE) > CAPACITY:
+            _STORE.popitem(last=False)
 
 
 def _held_by_every_rank(ctx, held: bool) -> bool:
@@ -83,10 +103,7 @@ def _held_by_every_rank(ctx, held: bool) -> bool:
 def replay_or_record(ctx, cell_key: tuple, compute):
     """A `Replay` of the recorded run for `cell_key` if every rank holds one; otherwise a `Recording`
     of `compute()` (a `DataParallelReference`), to be `keep`-ed once its steps are done."""
-    with _LOCK:
-        steps = _STORE.get(cell_key)
-        if steps is not None:
-            _STORE.move_to_end(cell_key)
+    steps = _kept(cell_key)
     if _held_by_every_rank(ctx, steps is not None):
         return Replay(steps)
     return Recording(compute(), cell_key, ctx.device)
@@ -100,21 +117,14 @@ def computed_once(ctx, compute, *args):
     `compute` must depend on nothing else: it builds its own model and draws its inputs under
     `ctx.seeded`. A result is kept only if `compute` left the random number generators as it found
     them. As with `replay_or_record`, every rank recomputes unless every rank holds the result."""
-    group_ranks = tuple(dist.get_process_group_ranks(ctx.group)) if ctx.group is not None else None
-    cell_key = (compute, args, str(ctx.device), ctx.backend, ctx.rank, group_ranks)
-    with _LOCK:
-        kept = _STORE.get(cell_key)
-        if kept is not None:
-            _STORE.move_to_end(cell_key)
+    cell_key = (compute, args, *_place(ctx))
+    kept = _kept(cell_key)
     if _held_by_every_rank(ctx, kept is not None):
         return _copied(kept)
     before = _rng_states(ctx.device)
     result = compute(ctx, *args)
     if all(torch.equal(a, b) for a, b in zip(before, _rng_states(ctx.device))):
-        with _LOCK:
-            _STORE[cell_key] = _copied(result)
-            while len(_STORE) > CAPACITY:
-                _STORE.popitem(last=False)
+        _keep(cell_key, _copied(result))
     return result
 
 
@@ -173,10 +183,7 @@ class Recording:
         """Store the run for later cells: only a complete one that drew no random numbers."""
         if self.drew_random or not self.steps or any(len(s) != 4 for s in self.steps):
             return
-        with _LOCK:
-            _STORE[self.key] = self.steps
-            while len(_STORE) > CAPACITY:
-                _STORE.popitem(last=False)
+        _keep(self.key, self.steps)
 
 
 class Replay:
