@@ -90,7 +90,8 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
-    preload(session.config.getini("rank_preload"))
+    if not session.config.pluginmanager.has_plugin("dsession"):  # an xdist controller runs no test
+        preload(session.config.getini("rank_preload"))
     launch = session.config._shardcheck_launch_env
     if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
         reporter = session.config.pluginmanager.getplugin("terminalreporter")

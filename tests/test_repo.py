@@ -127,3 +127,19 @@ def test_no_private_name_is_used_across_modules():
             for p in (ROOT / folder).rglob("*.py")
             if (found := _private_uses_of_other_modules(p))}
     assert not uses
+
+
+def test_pytest_as_a_console_script_finds_the_packages_not_the_test_folders():
+    """`pytest` (not `python -m pytest`) does not put the checkout on sys.path, and pytest puts tests/
+    there: tests/reference_impl/ was then imported as the package reference_impl (a namespace one),
+    before an editable install's finder was asked, and no implementation could load."""
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "pytest"  # a fresh process: a warm one inherits sys.path
+    proc = subprocess.run([str(script), "--co", "-q", "tests/test_repo.py",  # tests/ goes on sys.path
+                           "conformance/checks/api/test_comm_hooks.py", "-k",
+                           "default_communication_hook_behavior and ws2"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "3/86 tests collected" in proc.stdout, proc.stdout[-2000:]
