@@ -142,4 +142,4 @@ def test_pytest_as_a_console_script_finds_the_packages_not_the_test_folders():
                            "default_communication_hook_behavior and ws2"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "3/86 tests collected" in proc.stdout, proc.stdout[-2000:]
+    assert re.search(r"\b3/\d+ tests collected", proc.stdout), proc.stdout[-2000:]  # the three cells
