@@ -90,9 +90,12 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
-    if not session.config.pluginmanager.has_plugin("dsession"):  # an xdist controller runs no test
-        preload(session.config.getini("rank_preload"))
     launch = session.config._shardcheck_launch_env
+    # Preloading is for ranks forked from this process (pools) or run in it (threads). Not for an
+    # xdist controller (it runs no test) nor a launcher's rank (no rank is forked from it; what its
+    # tests need, they import).
+    if launch is None and not session.config.pluginmanager.has_plugin("dsession"):
+        preload(session.config.getini("rank_preload"))
     if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
         reporter = session.config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:  # keep the plugin (others use it), silence its output
