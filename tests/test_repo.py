@@ -3,6 +3,8 @@
 import ast
 import configparser
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -133,9 +135,6 @@ def test_pytest_as_a_console_script_finds_the_packages_not_the_test_folders():
     """`pytest` (not `python -m pytest`) does not put the checkout on sys.path, and pytest puts tests/
     there: tests/reference_impl/ was then imported as the package reference_impl (a namespace one),
     before an editable install's finder was asked, and no implementation could load."""
-    import subprocess
-    import sys
-
     script = Path(sys.executable).parent / "pytest"  # a fresh process: a warm one inherits sys.path
     proc = subprocess.run([str(script), "--co", "-q", "tests/test_repo.py",  # tests/ goes on sys.path
                            "conformance/checks/api/test_comm_hooks.py", "-k",

@@ -123,7 +123,7 @@ def computed_once(ctx, compute, *args):
         return _copied(kept)
     before = _rng_states(ctx.device)
     result = compute(ctx, *args)
-    if all(torch.equal(a, b) for a, b in zip(before, _rng_states(ctx.device))):
+    if not _rng_moved(before, ctx.device):
         _keep(cell_key, _copied(result))
     return result
 
@@ -146,6 +146,11 @@ def _rng_states(device: torch.device) -> list[torch.Tensor]:
     return states
 
 
+def _rng_moved(before: list[torch.Tensor], device: torch.device) -> bool:
+    """Whether a generator's state differs from `before` (`_rng_states` taken earlier)."""
+    return any(not torch.equal(a, b) for a, b in zip(before, _rng_states(device)))
+
+
 class Recording:
     """The reference, with every output of every step copied as it is produced."""
 
@@ -156,17 +161,17 @@ class Recording:
     def _watch(self, call):
         before = _rng_states(self.device)
         out = call()
-        self.drew_random |= any(not torch.equal(a, b) for a, b in zip(before, _rng_states(self.device)))
+        self.drew_random |= _rng_moved(before, self.device)
         return out
 
     def forward_backward(self, batch) -> torch.Tensor:
         loss = self._watch(lambda: self.reference.forward_backward(batch))
-        self.steps.append({"loss": loss.detach().clone()})
+        self.steps.append({"loss": _copied(loss)})
         return loss
 
     def full_grads(self) -> dict:
         grads = self.reference.full_grads()
-        self.steps[-1]["grads"] = {n: None if g is None else g.detach().clone() for n, g in grads.items()}
+        self.steps[-1]["grads"] = _copied(grads)
         return grads
 
     def step(self) -> StepResult:
@@ -176,7 +181,7 @@ class Recording:
 
     def full_params(self) -> dict:
         params = self.reference.full_params()
-        self.steps[-1]["params"] = {n: p.detach().clone() for n, p in params.items()}
+        self.steps[-1]["params"] = _copied(params)
         return params
 
     def keep(self) -> None:
