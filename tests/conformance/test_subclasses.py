@@ -122,3 +122,77 @@ def test_two_tensor_mode():
     with TwoTensorMode():
         x = torch.ones(2)
     assert isinstance(x, TwoTensor) and torch.equal(x.a, x.b)
+
+
+class _PytreeTwoTensor(TwoTensor):
+    """torch's own ``__torch_dispatch__`` (pytree throughout): the oracle for TwoTensor's."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs):
+        import torch.utils._pytree as pytree
+        from torch.utils._python_dispatch import return_and_correct_aliasing
+
+        kwargs = kwargs or {}
+        args_a = pytree.tree_map_only(TwoTensor, lambda x: x.a, args)
+        args_b = pytree.tree_map_only(TwoTensor, lambda x: x.b, args)
+        kwargs_a = pytree.tree_map_only(TwoTensor, lambda x: x.a, kwargs)
+        kwargs_b = pytree.tree_map_only(TwoTensor, lambda x: x.b, kwargs)
+        out_a, out_b = func(*args_a, **kwargs_a), func(*args_b, **kwargs_b)
+        out_a_flat, spec = pytree.tree_flatten(out_a)
+        out_flat = [cls(o_a, o_b) if isinstance(o_a, torch.Tensor) else o_a
+                    for o_a, o_b in zip(out_a_flat, pytree.tree_leaves(out_b), strict=True)]
+        return return_and_correct_aliasing(func, args, kwargs, pytree.tree_unflatten(out_flat, spec))
+
+
+_OPS = {
+    "add": lambda x, y: x + y,
+    "add_plain": lambda x, y: x + y.a,
+    "mul_": lambda x, y: x.mul_(2.0),
+    "cat": lambda x, y: torch.cat([x, y, x], dim=1),
+    "stack_kw": lambda x, y: torch.stack((x, y), dim=0),
+    "split": lambda x, y: x.split([1, 2], dim=0),
+    "index_none": lambda x, y: x[None, torch.tensor([2, 0])],
+    "max_dim": lambda x, y: x.max(dim=1),
+    "sort": lambda x, y: torch.sort(x, dim=0, descending=True),
+    "foreach_add": lambda x, y: torch._foreach_add([x, y], [y, x]),
+    "foreach_mul_": lambda x, y: torch._foreach_mul_([x, y], 0.5),
+    "view_t": lambda x, y: x.view(4, 3).t(),
+    "to_bf16": lambda x, y: x.to(torch.bfloat16),
+    "copy_": lambda x, y: x.copy_(y),
+    "where": lambda x, y: torch.where(x > 0, x, y),
+    "sum_item": lambda x, y: (x * y).sum().item(),
+    "size": lambda x, y: x.new_zeros(x.size()).shape,
+}
+
+
+@pytest.mark.parametrize("op", sorted(_OPS))
+def test_two_tensor_dispatch_matches_torchs(op):
+    """Every output of an op (tensors as their a and b, non-tensors, container types, aliasing of
+    in-place and view ops) is what torch's pytree-based dispatch gives."""
+    results = []
+    for cls in (TwoTensor, _PytreeTwoTensor):
+        torch.manual_seed(0)
+        x = cls(torch.randn(3, 4), torch.randn(3, 4))
+        y = cls(torch.randn(3, 4), torch.randn(3, 4))
+        out = _OPS[op](x, y)
+        results.append((out, x, y))
+    (got, gx, gy), (want, wx, wy) = results
+
+    def same(g, w):
+        assert type(g) is type(w) or (isinstance(g, TwoTensor) and isinstance(w, TwoTensor)), (g, w)
+        if isinstance(g, TwoTensor):
+            assert g.shape == w.shape and g.stride() == w.stride() and g.dtype == w.dtype
+            assert torch.equal(g.a, w.a) and torch.equal(g.b, w.b)
+        elif isinstance(g, torch.Tensor):
+            assert torch.equal(g, w)
+        elif isinstance(g, (list, tuple)):
+            assert len(g) == len(w)
+            for gi, wi in zip(g, w):
+                same(gi, wi)
+        else:
+            assert g == w
+
+    same(got, want)
+    same((gx, gy), (wx, wy))  # in-place ops changed the same inputs alike
+    if op in ("mul_", "copy_"):
+        assert got is gx and want is wx
