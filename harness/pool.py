@@ -190,8 +190,11 @@ class RankPool:
                 res.message = f"{res.message.rstrip()}\nIts output during the test (last lines):\n{output}"
         if pending:
             self.kill()  # after reading their output: the pool's folder goes with it
-        if any(res.outcome != "passed" for res in results.values()):
-            self.broken = True  # collectives may be left half-matched: never reuse these ranks
+        if any(res.outcome == "failed" for res in results.values()):
+            # Collectives may be left half-matched: never reuse these ranks. Ranks that all
+            # returned (passed or skipped) completed every collective they started, each matched
+            # by the others, so they are reused.
+            self.broken = True
         return [results[r] for r in range(self.world_size)]
 
     def _poll(self, pending: set[int], wait_s: float) -> dict[int, RankResult]:

@@ -96,6 +96,23 @@ def test_skip_raised_on_ranks(ctx):
 
 
 @distributed(world_size=2)
+def test_skip_after_a_collective_then_next_body(ctx):
+    dist.barrier()
+    with open(f"rank{ctx.rank}.pid", "w") as f:  # the child session's folder
+        f.write(str(os.getpid()))
+    pytest.skip("skipped after a collective, on every rank")
+
+
+@distributed(world_size=2)
+def test_next_body_after_the_skip(ctx):
+    with open(f"rank{ctx.rank}.pid") as f:
+        ctx.record("same_process", f.read() == str(os.getpid()))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2.0
+
+
+@distributed(world_size=2)
 def test_records_reach_the_parent(ctx):
     ctx.record("max_abs_err", 0.5 * ctx.rank)
     ctx.assert_equal_across_ranks(torch.ones(2), "ones")

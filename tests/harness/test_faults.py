@@ -254,6 +254,14 @@ def test_skip_raised_on_ranks_is_a_skip(pool_run, thread_run):
         assert rec["outcome"] == "skipped" and "not on this rank's hardware" in rec["text"]
 
 
+def test_a_skip_on_every_rank_keeps_the_pool(pool_run):
+    """Every rank returned (each collective it started was matched), so the ranks are reused: a
+    skipped or unsupported cell no longer costs the matrix a pool start and its caches."""
+    assert outcome(pool_run, "test_skip_after_a_collective_then_next_body[ws2]")["outcome"] == "skipped"
+    rec = outcome(pool_run, "test_next_body_after_the_skip[ws2]")
+    assert rec["outcome"] == "passed" and rec["props"]["same_process"] == {"0": [True], "1": [True]}
+
+
 def test_records_reach_the_pytest_item(pool_run, thread_run):
     for run in (pool_run, thread_run):
         rec = outcome(run, "test_records_reach_the_parent[ws2]")
