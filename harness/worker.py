@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -90,6 +91,10 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
 
     import torch
     import torch.distributed as dist
+
+    # What this rank inherited or imported so far (torch, the preloaded modules: some 300,000
+    # objects) is never garbage: frozen, a full collection no longer walks it (0.3-0.5 s each).
+    gc.freeze()
 
     from harness.context import RankContext
     from harness.devices import device_for

@@ -63,3 +63,14 @@ def test_ranks_see_what_a_launcher_gives(ctx):
         return
     assert os.environ["RANK"] == os.environ["LOCAL_RANK"] == str(ctx.rank)
     assert os.environ["WORLD_SIZE"] == os.environ["LOCAL_WORLD_SIZE"] == str(ctx.world_size)
+
+
+@distributed(world_size=2)
+def test_rank_processes_start_with_what_they_inherited_frozen(ctx):
+    """A rank process freezes the objects it starts with (torch and the preloaded modules), so its
+    full garbage collections skip them (harness/worker.py)."""
+    import gc
+
+    if ctx.mode not in ("pool", "spawn"):
+        pytest.skip(f"{ctx.mode} ranks are not processes started by the harness")
+    assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()
