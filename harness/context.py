@@ -10,6 +10,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.digest import SIZE as DIGEST_SIZE
+from harness.digest import digest
+
 # In thread mode every rank shares torch's global RNG; seeded sections take turns through this lock.
 _RNG_LOCK = threading.RLock()
 
@@ -79,10 +82,28 @@ class RankContext:
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
+    def digests(self, value: Any) -> list[bytes | None]:
+        """Every rank's `harness.digest.digest(value)`, in rank order: one all-gather of a few
+        bytes (`all_gather_object` takes two collectives and pickles)."""
+        mine = digest(value)
+        sent = torch.zeros(1 + DIGEST_SIZE, dtype=torch.uint8)
+        if mine is not None:
+            sent[0] = 1
+            sent[1:] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        out = torch.empty(self.world_size * (1 + DIGEST_SIZE), dtype=torch.uint8, device=self.device)
+        dist.all_gather_single(out, sent.to(self.device), group=self.group)
+        return [bytes(row[1:].tolist()) if row[0] else None for row in out.cpu().view(self.world_size, -1)]
+
     def assert_equal_across_ranks(self, value: Any, what: str = "value") -> None:
-        """Fail on every rank (not only on the odd one out) unless `value` is the same on all ranks."""
+        """Fail on every rank (not only on the odd one out) unless `value` is the same on all ranks.
+
+        Ranks first exchange digests (one small all-gather); only when those differ, or a value has
+        none, are the values gathered, compared with ``torch.equal`` or ``==``, and shown."""
         if isinstance(value, torch.Tensor):
             value = value.detach().cpu()
+        every = self.digests(value)
+        if every[0] is not None and every.count(every[0]) == len(every):
+            return
         values = self.all_gather_object(value)
         first = values[0]
         same = [torch.equal(v, first) if isinstance(first, torch.Tensor) else v == first for v in values]

@@ -71,6 +71,11 @@ def test_whatever_changes_the_training_changes_the_key(ctx):
     changed["initial parameters"] = shared_reference.key(ctx, build, model, *_cell(ctx), batches)
     for what, key in changed.items():
         assert key != base, f"{what} changed but the key did not"
+    # inputs with no digest on one rank: no key, and a run under no key is never kept
+    odd = batches if ctx.rank == 0 else [*batches, object()]
+    assert _key(ctx, build, *_cell(ctx), odd) is None
+    recording = shared_reference.replay_or_record(ctx, None, lambda: _FakeReference(draws=False))
+    assert isinstance(recording, shared_reference.Recording)
 
 
 class _FakeReference:

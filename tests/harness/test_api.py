@@ -74,3 +74,15 @@ def test_rank_processes_start_with_what_they_inherited_frozen(ctx):
     if ctx.mode not in ("pool", "spawn"):
         pytest.skip(f"{ctx.mode} ranks are not processes started by the harness")
     assert gc.get_freeze_count() > 10_000, gc.get_freeze_count()
+
+
+@distributed(world_size=2)
+def test_assert_equal_across_ranks_compares_values_where_digests_cannot(ctx):
+    """Equal values whose bytes differ (0.0 and -0.0) or that have no digest are compared as values."""
+    from fractions import Fraction
+
+    ctx.assert_equal_across_ranks(torch.tensor([0.0 if ctx.rank == 0 else -0.0]), "signed zero")
+    ctx.assert_equal_across_ranks(Fraction(1, 3), "an object without a digest")
+    with pytest.raises(AssertionError, match="fraction differs across ranks"):
+        ctx.assert_equal_across_ranks(Fraction(ctx.rank, 3), "fraction")
+    assert ctx.digests((1, "x")) == ctx.digests((1, "x")) and ctx.digests(Fraction(1, 2)) == [None, None]

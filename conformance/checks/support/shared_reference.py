@@ -25,7 +25,6 @@ and offload settings).
 from __future__ import annotations
 
 import collections
-import hashlib
 import threading
 
 import torch
@@ -38,35 +37,16 @@ _STORE: collections.OrderedDict = collections.OrderedDict()
 _LOCK = threading.Lock()  # thread mode: every rank of the world shares this process's store
 
 
-def _digest_into(h, value) -> None:
-    """Feed `value` (tensors, containers, scalars, strings) into the hash `h`."""
-    if torch.is_tensor(value):
-        t = value.detach().cpu().contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    elif isinstance(value, dict):
-        h.update(b"D")
-        for k, v in value.items():
-            h.update(repr(k).encode())
-            _digest_into(h, v)
-    elif isinstance(value, (list, tuple)):
-        h.update(f"L{len(value)}".encode())
-        for v in value:
-            _digest_into(h, v)
-    else:
-        h.update(repr(value).encode())
-
-
-def key(ctx, build, model: torch.nn.Module, spec, recipe, batches: list) -> tuple:
+def key(ctx, build, model: torch.nn.Module, spec, recipe, batches: list) -> tuple | None:
     """What the reference's run on this rank depends on (see the module docstring): `model` as built,
     untrained, and the batches of EVERY rank, since the averaged gradients are made of them all.
+    None (nothing is shared) when some rank's inputs have no digest (`harness.digest`).
     Collective: every rank of the group calls it (one all-gather of the ranks' digests)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{type(model).__module__}.{type(model).__qualname__}\n{model!r}\n{model.training}".encode())
-    _digest_into(h, dict(model.named_parameters()))
-    _digest_into(h, dict(model.named_buffers()))
-    _digest_into(h, batches)
-    every_rank = tuple(ctx.all_gather_object(h.hexdigest()))
+    identity = f"{type(model).__module__}.{type(model).__qualname__}\n{model!r}\n{model.training}"
+    every_rank = tuple(ctx.digests((identity, dict(model.named_parameters()),
+                                    dict(model.named_buffers()), batches)))
+    if None in every_rank:
+        return None
     # `build` and the recipe's loss function compare by identity: a closure made per cell never
     # matches another cell's, and an object cannot be freed (and its id reused) while a key holds it.
     return (build, recipe, spec.mixed_precision, *_place(ctx), every_rank)
@@ -100,10 +80,11 @@ def _held_by_every_rank(ctx, held: bool) -> bool:
     return bool(flag.item())
 
 
-def replay_or_record(ctx, cell_key: tuple, compute):
+def replay_or_record(ctx, cell_key: tuple | None, compute):
     """A `Replay` of the recorded run for `cell_key` if every rank holds one; otherwise a `Recording`
-    of `compute()` (a `DataParallelReference`), to be `keep`-ed once its steps are done."""
-    steps = _kept(cell_key)
+    of `compute()` (a `DataParallelReference`), to be `keep`-ed once its steps are done (never
+    kept when `cell_key` is None)."""
+    steps = None if cell_key is None else _kept(cell_key)
     if _held_by_every_rank(ctx, steps is not None):
         return Replay(steps)
     return Recording(compute(), cell_key, ctx.device)
@@ -186,7 +167,7 @@ class Recording:
 
     def keep(self) -> None:
         """Store the run for later cells: only a complete one that drew no random numbers."""
-        if self.drew_random or not self.steps or any(len(s) != 4 for s in self.steps):
+        if self.key is None or self.drew_random or not self.steps or any(len(s) != 4 for s in self.steps):
             return
         _keep(self.key, self.steps)
 
