@@ -131,6 +131,17 @@ def all_gather_rows_many(xs: Sequence[torch.Tensor], slots: Sequence[Slot], grou
     return out
 
 
+def all_gather_flat_many(locals_: Sequence[torch.Tensor], group) -> list[torch.Tensor]:
+    """``[all_gather_flat(x, group) for x in locals_]`` in one collective (one dtype and device):
+    each rank sends its buffers end to end, and the gathered ``[ws, sum_i S_i]`` is cut back into
+    the ``[ws * S_i]`` buffers."""
+    if len(locals_) == 1:
+        return [all_gather_flat(locals_[0], group)]
+    flat = all_gather_flat(torch.cat([x.reshape(-1) for x in locals_]), group)
+    blocks = flat.view(group_size(group), -1).split([x.numel() for x in locals_], dim=1)
+    return [block.reshape(-1) for block in blocks]
+
+
 def all_gather_flat(local: torch.Tensor, group) -> torch.Tensor:
     """``out[r * S:(r + 1) * S] = local_r`` for every rank ``r`` of ``group``."""
     ws = group_size(group)

@@ -1,9 +1,10 @@
 """See the unsharded model: full parameters and gradients on every rank, for comparisons.
 
 Names are those of ``model.named_parameters()``, which are the unsharded model's names: sharding
-keeps every parameter registered where it was, only with fewer rows.  Like the forward, these
-gather one flat buffer per unit (one collective), and go parameter by parameter only where a
-parameter has all-gather extensions or tensor-subclass gradients.
+keeps every parameter registered where it was, only with fewer rows.  These gather each unit's
+flat buffer as the forward does, the buffers of all units in one collective per shard group and
+dtype, and go parameter by parameter only where a parameter has all-gather extensions or
+tensor-subclass gradients.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import collectives as C
+from .extensions import has_extension
 from .sharding import Unit, units
 
 
@@ -27,26 +29,36 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
     With ``writeback`` in-place changes to a full parameter are copied back into this rank's shard
     on exit (every rank must make the same change).  Collective: call on all ranks.
     """
-    gathered: list[tuple[Unit, list[nn.Parameter]]] = []
+    gathered: list[tuple[Unit, list[Optional[torch.Tensor]], list[bool]]] = []
+    views: list[tuple[Unit, list[nn.Parameter]]] = []
     with torch.no_grad():
         for u in units(model):
             if not u.params:
                 continue
             subclass = [is_traceable_wrapper_subclass(sp.shard) for sp in u.params]
-            fulls = u.all_gather(param_dtype=u.params[0].shard.dtype, skip=subclass)
+            plain = [not s and not has_extension(sp.shard) for sp, s in zip(u.params, subclass)]
+            dtype = u.params[0].shard.dtype
+            fulls = u.all_gather(param_dtype=dtype, skip=[s or p for s, p in zip(subclass, plain)])  # hooks
             wrapped = [sp for sp, s in zip(u.params, subclass) if s]
             inner = iter(_gather_subclasses([sp.shard.detach() for sp in wrapped], [sp.slot for sp in wrapped], u))
             fulls = [next(inner) if s else full for full, s in zip(fulls, subclass)]
+            gathered.append((u, fulls, plain))
+        plain_fulls = _gather_units([(u, [sp.shard for sp, p in zip(u.params, plain) if p],
+                                      [sp.slot for sp, p in zip(u.params, plain) if p], u.params[0].shard.dtype)
+                                     for u, _, plain in gathered])
+        for (u, fulls, plain), from_plain in zip(gathered, plain_fulls):
+            from_plain = iter(from_plain)
+            fulls = [next(from_plain) if p else full for full, p in zip(fulls, plain)]
             params = [nn.Parameter(f, requires_grad=sp.shard.requires_grad) for f, sp in zip(fulls, u.params)]
             for p in params:
                 p._full_view = True  # not a shard: units() must not adopt it
             u.set_params(params)
-            gathered.append((u, params))
+            views.append((u, params))
     try:
         yield model
     finally:
         with torch.no_grad():
-            for u, params in gathered:
+            for u, params in views:
                 for sp, full in zip(u.params, params):
                     if writeback and sp.extension is None:
                         sp.shard.copy_(C.shard_rows(full, sp.slot, u.shard_rank))
@@ -66,8 +78,19 @@ def full_grads(model: nn.Module) -> dict[str, Optional[torch.Tensor]]:
     runs the same backward graph.
     """
     gathered: dict[int, torch.Tensor] = {}
+    jobs, owners = [], []
     for u in units(model):
-        gathered.update(gather_grads(u))
+        with_grad = [sp for sp in u.params if sp.shard.grad is not None]
+        plain = [sp for sp in with_grad if not is_traceable_wrapper_subclass(sp.shard.grad)]
+        for dtype in dict.fromkeys(sp.shard.grad.dtype for sp in plain):
+            same = [sp for sp in plain if sp.shard.grad.dtype == dtype]
+            jobs.append((u, [sp.shard.grad.detach() for sp in same], [sp.slot for sp in same], dtype))
+            owners.append(same)
+        subclass = [sp for sp in with_grad if is_traceable_wrapper_subclass(sp.shard.grad)]
+        fulls = _gather_subclasses([sp.shard.grad.detach() for sp in subclass], [sp.slot for sp in subclass], u)
+        gathered.update((id(sp.shard), full) for sp, full in zip(subclass, fulls))
+    for same, fulls in zip(owners, _gather_units(jobs)):
+        gathered.update((id(sp.shard), full) for sp, full in zip(same, fulls))
     out: dict[str, Optional[torch.Tensor]] = {}
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -77,21 +100,23 @@ def full_grads(model: nn.Module) -> dict[str, Optional[torch.Tensor]]:
     return out
 
 
-def gather_grads(unit: Unit) -> dict[int, torch.Tensor]:
-    """``{id(shard): full gradient}`` for the unit's shards that have a gradient: one all-gather
-    of the flat padded layout per gradient dtype, then one per inner tensor of subclass grads."""
-    with_grad = [sp for sp in unit.params if sp.shard.grad is not None]
-    plain = [sp for sp in with_grad if not is_traceable_wrapper_subclass(sp.shard.grad)]
-    out = {}
-    for dtype in dict.fromkeys(sp.shard.grad.dtype for sp in plain):
-        same = [sp for sp in plain if sp.shard.grad.dtype == dtype]
-        slots = [sp.slot for sp in same]
-        local = C.pack_shards([sp.shard.grad.detach().to(unit.device) for sp in same], slots, dtype)
-        fulls = C.unpack_full(C.all_gather_flat(local, unit.shard_group), slots, unit.shard_size)
-        out.update((id(sp.shard), full) for sp, full in zip(same, fulls))
-    subclass = [sp for sp in with_grad if is_traceable_wrapper_subclass(sp.shard.grad)]
-    fulls = _gather_subclasses([sp.shard.grad.detach() for sp in subclass], [sp.slot for sp in subclass], unit)
-    out.update((id(sp.shard), full) for sp, full in zip(subclass, fulls))
+def _gather_units(jobs: list[tuple[Unit, list[torch.Tensor], list[C.Slot], torch.dtype]]) -> list[list[torch.Tensor]]:
+    """For each ``(unit, shards, slots, dtype)``: the full tensors of the shards, in ``dtype``.
+
+    Each unit's shards form its flat padded layout (as in forward), and the layouts of every unit
+    with the same shard group, dtype and device travel in one all-gather: a read of the whole
+    model's state is one collective, not one per unit."""
+    out: list[Optional[list[torch.Tensor]]] = [None] * len(jobs)
+    by_wire: dict = {}
+    for j, (u, shards, _, dtype) in enumerate(jobs):
+        if shards:
+            by_wire.setdefault((u.shard_group, dtype, u.device), []).append(j)
+        else:
+            out[j] = []
+    for (group, dtype, device), members in by_wire.items():
+        local = [C.pack_shards([s.to(device) for s in jobs[j][1]], jobs[j][2], dtype) for j in members]
+        for j, flat in zip(members, C.all_gather_flat_many(local, group)):
+            out[j] = C.unpack_full(flat, jobs[j][2], jobs[j][0].shard_size)
     return out
 
 

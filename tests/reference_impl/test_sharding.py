@@ -97,3 +97,16 @@ def test_tied_across_units_is_rejected(ctx):
     R.shard(model[0], process_group=ctx.group)
     with pytest.raises(ValueError, match="tied"):
         R.shard(model, process_group=ctx.group)
+
+
+@distributed(world_size=[1, 2, 3])
+def test_all_gather_flat_many_is_one_all_gather_flat_per_buffer(ctx):
+    """What full_params and full_grads rely on to read every unit in one collective."""
+    from reference_impl import collectives as C
+
+    group = ctx.group or torch.distributed.group.WORLD
+    locals_ = [torch.arange(n, dtype=torch.float32) + 100 * ctx.rank + 10 * i for i, n in enumerate((3, 1, 0, 5))]
+    many = C.all_gather_flat_many(locals_, group)
+    one_by_one = [C.all_gather_flat(x, group) for x in locals_]
+    assert [m.shape for m in many] == [o.shape for o in one_by_one]
+    assert all(torch.equal(m, o) for m, o in zip(many, one_by_one))
