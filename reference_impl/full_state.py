@@ -29,26 +29,21 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
     With ``writeback`` in-place changes to a full parameter are copied back into this rank's shard
     on exit (every rank must make the same change).  Collective: call on all ranks.
     """
-    gathered: list[tuple[Unit, list[Optional[torch.Tensor]], list[bool]]] = []
+    gathered: list[tuple[Unit, list[Optional[torch.Tensor]], list[str]]] = []
     views: list[tuple[Unit, list[nn.Parameter]]] = []
     with torch.no_grad():
         for u in units(model):
-            if not u.params:
-                continue
-            subclass = [is_traceable_wrapper_subclass(sp.shard) for sp in u.params]
-            plain = [not s and not has_extension(sp.shard) for sp, s in zip(u.params, subclass)]
-            dtype = u.params[0].shard.dtype
-            fulls = u.all_gather(param_dtype=dtype, skip=[s or p for s, p in zip(subclass, plain)])  # hooks
-            wrapped = [sp for sp, s in zip(u.params, subclass) if s]
-            inner = iter(_gather_subclasses([sp.shard.detach() for sp in wrapped], [sp.slot for sp in wrapped], u))
-            fulls = [next(inner) if s else full for full, s in zip(fulls, subclass)]
-            gathered.append((u, fulls, plain))
-        plain_fulls = _gather_units([(u, [sp.shard for sp, p in zip(u.params, plain) if p],
-                                      [sp.slot for sp, p in zip(u.params, plain) if p], u.params[0].shard.dtype)
-                                     for u, _, plain in gathered])
-        for (u, fulls, plain), from_plain in zip(gathered, plain_fulls):
-            from_plain = iter(from_plain)
-            fulls = [next(from_plain) if p else full for full, p in zip(fulls, plain)]
+            if u.params:
+                kinds = [_kind(sp.shard) for sp in u.params]
+                fulls = u.all_gather(param_dtype=u.params[0].shard.dtype, skip=[k != "hooked" for k in kinds])
+                gathered.append((u, fulls, kinds))
+        plain = _gather_units([(u, *_select(u, kinds, "plain", lambda t: t), u.params[0].shard.dtype)
+                               for u, _, kinds in gathered])
+        subclass = _gather_subclasses([(u, *_select(u, kinds, "subclass", torch.Tensor.detach))
+                                       for u, _, kinds in gathered])
+        for (u, fulls, kinds), from_plain, from_subclass in zip(gathered, plain, subclass):
+            rest = {"plain": iter(from_plain), "subclass": iter(from_subclass)}
+            fulls = [next(rest[k]) if k in rest else full for full, k in zip(fulls, kinds)]
             params = [nn.Parameter(f, requires_grad=sp.shard.requires_grad) for f, sp in zip(fulls, u.params)]
             for p in params:
                 p._full_view = True  # not a shard: units() must not adopt it
@@ -77,20 +72,22 @@ def full_grads(model: nn.Module) -> dict[str, Optional[torch.Tensor]]:
     ``None`` where the shard's grad is ``None``; that is the same on every rank because every rank
     runs the same backward graph.
     """
-    gathered: dict[int, torch.Tensor] = {}
-    jobs, owners = [], []
+    plain_jobs, plain_owners, subclass_jobs, subclass_owners = [], [], [], []
     for u in units(model):
         with_grad = [sp for sp in u.params if sp.shard.grad is not None]
         plain = [sp for sp in with_grad if not is_traceable_wrapper_subclass(sp.shard.grad)]
         for dtype in dict.fromkeys(sp.shard.grad.dtype for sp in plain):
             same = [sp for sp in plain if sp.shard.grad.dtype == dtype]
-            jobs.append((u, [sp.shard.grad.detach() for sp in same], [sp.slot for sp in same], dtype))
-            owners.append(same)
+            plain_jobs.append((u, [sp.shard.grad.detach() for sp in same], [sp.slot for sp in same], dtype))
+            plain_owners.append(same)
         subclass = [sp for sp in with_grad if is_traceable_wrapper_subclass(sp.shard.grad)]
-        fulls = _gather_subclasses([sp.shard.grad.detach() for sp in subclass], [sp.slot for sp in subclass], u)
-        gathered.update((id(sp.shard), full) for sp, full in zip(subclass, fulls))
-    for same, fulls in zip(owners, _gather_units(jobs)):
-        gathered.update((id(sp.shard), full) for sp, full in zip(same, fulls))
+        subclass_jobs.append((u, [sp.shard.grad.detach() for sp in subclass], [sp.slot for sp in subclass]))
+        subclass_owners.append(subclass)
+    gathered: dict[int, torch.Tensor] = {}
+    for owners, fulls_per_job in ((plain_owners, _gather_units(plain_jobs)),
+                                  (subclass_owners, _gather_subclasses(subclass_jobs))):
+        for owner, fulls in zip(owners, fulls_per_job):
+            gathered.update((id(sp.shard), full) for sp, full in zip(owner, fulls))
     out: dict[str, Optional[torch.Tensor]] = {}
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -98,6 +95,20 @@ def full_grads(model: nn.Module) -> dict[str, Optional[torch.Tensor]]:
         else:
             out[name] = gathered[id(p)] if id(p) in gathered else p.grad.detach().clone()
     return out
+
+
+def _kind(shard: torch.Tensor) -> str:
+    """How full_params gathers a shard: "subclass" (inner tensor by inner tensor), "hooked" (through
+    its all-gather extension) or "plain" (in its unit's flat buffer)."""
+    if is_traceable_wrapper_subclass(shard):
+        return "subclass"
+    return "hooked" if has_extension(shard) else "plain"
+
+
+def _select(u: Unit, kinds: list[str], kind: str, view) -> tuple[list[torch.Tensor], list[C.Slot]]:
+    """``view`` of the unit's shards of ``kind``, and their slots."""
+    chosen = [sp for sp, k in zip(u.params, kinds) if k == kind]
+    return [view(sp.shard) for sp in chosen], [sp.slot for sp in chosen]
 
 
 def _gather_units(jobs: list[tuple[Unit, list[torch.Tensor], list[C.Slot], torch.dtype]]) -> list[list[torch.Tensor]]:
@@ -134,11 +145,21 @@ def _rebuild(t: torch.Tensor, fulls, shape: torch.Size) -> torch.Tensor:
     return C.map_inner(t, lambda inner: _rebuild(inner, fulls, shape), shape)
 
 
-def _gather_subclasses(shards: list[torch.Tensor], slots: list[C.Slot], unit: Unit) -> list[torch.Tensor]:
-    """The full tensors of subclass shards (e.g. TwoTensor), inner tensor by inner tensor, every
-    inner tensor of the unit in one all-gather per dtype (each is sharded on rows like its parameter)."""
-    leaves = [(leaf.reshape(-1, *slot.shape[1:]).to(unit.device), slot) for shard, slot in zip(shards, slots)
-              for leaf in _leaves(shard)]
-    gathered = C.all_gather_rows_many([x for x, _ in leaves], [s for _, s in leaves], unit.shard_group)
-    fulls = iter(g[: slot.rows].reshape(slot.shape).clone() for g, (_, slot) in zip(gathered, leaves))
-    return [_rebuild(shard, fulls, slot.shape) for shard, slot in zip(shards, slots)]
+def _gather_subclasses(jobs: list[tuple[Unit, list[torch.Tensor], list[C.Slot]]]) -> list[list[torch.Tensor]]:
+    """For each ``(unit, shards, slots)`` of subclass shards (e.g. TwoTensor): their full tensors,
+    inner tensor by inner tensor (each is sharded on rows like its parameter). The inner tensors of
+    every unit with the same shard group and device travel in one all-gather per dtype."""
+    out: list[list[torch.Tensor]] = [[] for _ in jobs]
+    by_group: dict = {}
+    for j, (u, _, _) in enumerate(jobs):
+        by_group.setdefault((u.shard_group, u.device), []).append(j)
+    for (group, device), members in by_group.items():
+        leaves = [(leaf.reshape(-1, *slot.shape[1:]).to(device), slot) for j in members
+                  for shard, slot in zip(jobs[j][1], jobs[j][2]) for leaf in _leaves(shard)]
+        if not leaves:
+            continue
+        gathered = C.all_gather_rows_many([x for x, _ in leaves], [s for _, s in leaves], group)
+        fulls = iter(g[: slot.rows].reshape(slot.shape).clone() for g, (_, slot) in zip(gathered, leaves))
+        for j in members:
+            out[j] = [_rebuild(shard, fulls, slot.shape) for shard, slot in zip(jobs[j][1], jobs[j][2])]
+    return out
