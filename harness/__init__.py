@@ -15,13 +15,14 @@ Where each concern lives:
     vocabulary.py  the words: backends, modes, outcomes
     plan.py        what the parent decides before any rank starts: input checks, mode, skips
     runner.py      run a test's plan in its mode (pools kept per world size and backend); `run`
-    pool.py        rank processes reused test after test (pool and spawn modes); start method; preload
+    pool.py        rank processes reused test after test until one fails (pool and spawn modes); preload
     worker.py      the main loop of one rank process
     threads.py     thread mode: torch's threaded process group
     external.py    ranks started by torchrun or srun
     waiting.py     the one wait for every rank's result, and what a rank that never answered is
     task.py        what travels to the ranks (Task) and back (RankResult); runs a body on a rank
     context.py     `ctx`, the per-rank context a body receives
+    digest.py      a value named by its content in 16 bytes (ranks compare values by digest)
     verdict.py     from every rank's result to the test's verdict
     stacks.py      ranks' Python stacks, cut to the test body
     output.py      what a rank printed, at a bounded size; the pools' temporary folders
