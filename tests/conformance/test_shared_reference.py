@@ -96,15 +96,18 @@ class _FakeReference:
 
 
 def _record(ctx, key, reference, *, complete: bool = True):
-    recording = shared_reference.Recording(reference, key, ctx.device)
-    for _ in range(2):
-        recording.forward_backward(None)
-        recording.full_grads()
-        recording.step()
-        recording.full_params()
-    if not complete:
-        recording.forward_backward(None)  # a third step, which the candidate did not finish
-    recording.keep()
+    # Under ctx.seeded: thread-mode ranks share one generator and take turns in seeded blocks, so
+    # another rank's draw cannot land inside this recording (which would then, rightly, not be kept).
+    with ctx.seeded(0):
+        recording = shared_reference.Recording(reference, key, ctx.device)
+        for _ in range(2):
+            recording.forward_backward(None)
+            recording.full_grads()
+            recording.step()
+            recording.full_params()
+        if not complete:
+            recording.forward_backward(None)  # a third step, which the candidate did not finish
+        recording.keep()
 
 
 @distributed(world_size=2)
