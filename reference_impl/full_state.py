@@ -117,13 +117,11 @@ def _gather_units(jobs: list[tuple[Unit, list[torch.Tensor], list[C.Slot], torch
     Each unit's shards form its flat padded layout (as in forward), and the layouts of every unit
     with the same shard group, dtype and device travel in one all-gather: a read of the whole
     model's state is one collective, not one per unit."""
-    out: list[Optional[list[torch.Tensor]]] = [None] * len(jobs)
+    out: list[list[torch.Tensor]] = [[] for _ in jobs]
     by_wire: dict = {}
     for j, (u, shards, _, dtype) in enumerate(jobs):
         if shards:
             by_wire.setdefault((u.shard_group, dtype, u.device), []).append(j)
-        else:
-            out[j] = []
     for (group, dtype, device), members in by_wire.items():
         local = [C.pack_shards([s.to(device) for s in jobs[j][1]], jobs[j][2], dtype) for j in members]
         for j, flat in zip(members, C.all_gather_flat_many(local, group)):

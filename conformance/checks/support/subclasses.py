@@ -176,6 +176,7 @@ def _zip_outputs(cls, out_a, out_b):
                 for o_a, o_b in zip(out_a_flat, out_b_flat, strict=True)]
     return pytree.tree_unflatten(out_flat, spec)
 
+
 class TwoTensorMode(torch.utils._python_dispatch.TorchDispatchMode):
     """Dispatch mode that turns every freshly constructed tensor into a TwoTensor."""
 
