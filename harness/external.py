@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from harness.context import RankContext
 from harness.devices import device_for
+from harness.isolation import Baseline, CollectiveLedger, Settings, blame_unmatched, settle
 from harness.task import RankResult, Task, execute, reset_process_state
 from harness.waiting import wait_for_ranks
 
@@ -54,6 +55,7 @@ class ExternalWorld:
         self.control = dist.new_group(backend="gloo", timeout=timeout)
         self.groups: dict[int, object] = {}
         self.meshes: dict = {}
+        self.settings, self.before, self.ledger = Settings.capture(), Baseline.take(), CollectiveLedger()
 
     def _group(self, world_size: int):
         if world_size == self.launch.world_size:
@@ -67,6 +69,9 @@ class ExternalWorld:
             return dict(enumerate(self._exchange(task, world_size)))
 
         results, _ = wait_for_ranks(world_size, float("inf"), poll)
+        # Unmatched collectives fail the test that left them; a launcher's ranks cannot be retired,
+        # so the tests after it may still meet them.
+        blame_unmatched(results)
         return [results[r] for r in range(world_size)]
 
     def _exchange(self, task: Task, world_size: int) -> list[RankResult]:
@@ -79,6 +84,7 @@ class ExternalWorld:
                               device=device_for(self.backend, self.launch.local_rank), mode="external",
                               group=group, _meshes=self.meshes.setdefault(world_size, {}))
             mine = execute(task, ctx)
+            settle(mine, self.before, self.settings, self.ledger)
         else:
             mine = RankResult(rank, "passed", "idle: outside this test's world")
         everyone: list = [None] * self.launch.world_size

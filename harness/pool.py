@@ -18,6 +18,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
+from harness.isolation import blame_unmatched
 from harness.output import output_path, output_since, pool_dir, trim_text
 from harness.task import RankResult, Task
 from harness.stacks import trim_stack
@@ -182,6 +183,7 @@ class RankPool:
         if pending:
             self._stop_pending(results, pending, timeout)
         self._check_alive_after(results)
+        blame_unmatched(results)
         for r, res in results.items():
             res.message = trim_text(res.message)
             output = (output_since(self._output_path(r), offsets[r], f"rank{r}")

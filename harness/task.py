@@ -49,6 +49,8 @@ class RankResult:
     stopped: bool = False  # the harness stopped this rank because another rank had failed
     died: bool = False  # the rank's process ended (exit or signal) instead of answering
     failed_at: float | None = None  # time.monotonic() of the failure (system-wide on Linux)
+    # {"counts": {group: collectives issued}, "issued": {group: {kind: calls}}} (harness.isolation)
+    collectives: dict | None = None
 
 
 def resolve(task: Task) -> Callable:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from harness.context import RankContext
 from harness.devices import device_for
+from harness.isolation import Baseline, Settings, leftovers, refuse
 from harness.stacks import thread_stack
 from harness.task import RankResult, Task, execute, reset_process_state
 from harness.waiting import no_result, unfinished, wait_for_ranks
@@ -40,22 +41,31 @@ SWITCH_INTERVAL_S = 1e-4
 def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]:
     mtpg = _threaded_pg()
     with _RUN_LOCK:
+        settings, before = Settings.capture(), Baseline.take()
         reset_process_state(task.seed)
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         world = mtpg._install_threaded_pg()
         interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         try:
-            return _run_in_world(task, world_size, timeout, mtpg, world)
+            results, threads = _run_in_world(task, world_size, timeout, mtpg, world)
         finally:
             sys.setswitchinterval(interval)
             mtpg.ProcessLocalGroup.reset()
             mtpg._uninstall_threaded_pg()
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        # Rank threads share one process: what a body left is found once, for every rank (a rank
+        # thread stuck past the deadline is already reported as a hang).
+        left = leftovers(before, ignore_threads=threads)
+        for res in results:
+            refuse(res, left)
+        settings.restore()
+        return results
 
 
-def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world) -> list[RankResult]:
-    """One thread per rank in the installed threaded world; stopped, if need be, at the deadline."""
+def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
+    """One thread per rank in the installed threaded world; stopped, if need be, at the deadline.
+    Returns every rank's result and the rank threads."""
     store = dist.HashStore()
     answers: list[RankResult | None] = [None] * world_size
     meshes: list[dict] = [{} for _ in range(world_size)]
@@ -95,4 +105,4 @@ def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world) -> l
         mtpg.ProcessLocalGroup.exception_handle(TimeoutError("shardcheck: test stopped"))
         for t in threads:
             t.join(0.5)
-    return [results[r] for r in range(world_size)]
+    return [results[r] for r in range(world_size)], threads

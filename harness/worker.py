@@ -98,6 +98,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
 
     from harness.context import RankContext
     from harness.devices import device_for
+    from harness.isolation import Baseline, CollectiveLedger, Settings, settle
     from harness.task import execute, reset_process_state
 
     # One intra-op thread per rank: ranks already share the cores, and a forked child must never
@@ -114,6 +115,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
                             timeout=datetime.timedelta(seconds=pg_timeout_s), **kwargs)
     if backend == "gloo" and os.environ.get("SHARDCHECK_PIN_RANKS", "1") != "0":
         pin_to_one_cpu(rank)
+    # What every test finds, whatever the one before changed (harness.isolation)
+    settings, before, ledger = Settings.capture(), Baseline.take(), CollectiveLedger()
     conn.send(("ready", rank))
     meshes: dict = {}  # sub-groups live as long as the process: built once, reused by every test
     while True:
@@ -130,6 +133,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
                           mode=mode, _meshes=meshes)
         dist.barrier()  # every rank is alive and between tests before the body starts
         result = execute(task, ctx)
+        settle(result, before, settings, ledger)
         sys.stdout.flush()
         sys.stderr.flush()
         if state is not None:

@@ -6,30 +6,15 @@ module asserts each one's outcome and message.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-import warm_python
-
-HERE = Path(__file__).parent
-RECORDER = """
-import json
-def pytest_runtest_logreport(report):
-    if report.when == "call" or report.outcome != "passed":
-        with open("outcomes.jsonl", "a") as f:
-            f.write(json.dumps({"id": report.nodeid.split("::")[-1], "when": report.when,
-                                "outcome": report.outcome, "text": report.longreprtext,
-                                "props": dict(report.user_properties)}) + "\\n")
-"""
-
+from child_sessions import child_session, outcome
 
 SLOW_START = """
 import time
@@ -42,24 +27,6 @@ harness.pool.rank_main = _slow_rank_main
 """
 
 
-def child_session(workdir: Path, *args: str, wait: bool = True, conftest: str = "", env=None):
-    workdir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / "faulty_bodies.py", workdir / "test_bodies.py")
-    (workdir / "conftest.py").write_text(RECORDER + conftest)
-    argv = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "test_bodies.py", *args]
-    if not wait:
-        return subprocess.Popen([sys.executable, *argv], cwd=workdir, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
-    done = warm_python.run(argv, cwd=workdir, env=env, timeout=300)  # its own process, torch imported
-    out = done.stdout + done.stderr
-    records = {}
-    if (workdir / "outcomes.jsonl").exists():
-        for line in (workdir / "outcomes.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            records[rec["id"]] = rec
-    return done.returncode, out, records
-
-
 @pytest.fixture(scope="module")
 def pool_run(tmp_path_factory):
     return child_session(tmp_path_factory.mktemp("pool"))
@@ -70,12 +37,6 @@ def thread_run(tmp_path_factory):
     return child_session(tmp_path_factory.mktemp("thread"), "--backend", "threaded", "-k",
                          "exception or hang_in_collective or matrix or skip or records or next or "
                          "assert_equal or world_size_zero")
-
-
-def outcome(run, test_id):
-    _, out, records = run
-    assert test_id in records, f"{test_id} did not report; child output:\n{out[-3000:]}"
-    return records[test_id]
 
 
 def test_1_nonzero_exit_of_rank1_after_last_collective_fails(pool_run):
@@ -159,7 +120,7 @@ def test_4_pool_start_up_does_not_count_against_the_limit(tmp_path):
 def test_3_a_rank_dying_while_idle_is_blamed_on_its_last_test(pool_run):
     rec = outcome(pool_run, "test_rank1_dies_just_after_returning[ws2]")
     assert rec["when"] == "teardown" and rec["outcome"] == "failed", rec
-    assert "rank 1 of the gloo pool (world size 2) exited with code 3 while idle, after test " \
+    assert "rank 1 of the gloo pool (world size 2) was killed by signal SIGTERM while idle, after test " \
            "test_bodies.py::test_rank1_dies_just_after_returning[ws2] had passed" in rec["text"]
     assert outcome(pool_run, "test_runs_on_fresh_ranks_after_an_idle_death[ws2]")["outcome"] == "passed"
 
@@ -167,7 +128,7 @@ def test_3_a_rank_dying_while_idle_is_blamed_on_its_last_test(pool_run):
 def test_3_a_run_never_ends_green_with_an_unreported_rank_death(tmp_path):
     code, out, records = child_session(tmp_path, "-k", "dies_just_after_returning or pause_between")
     assert code == 1, out[-3000:]
-    assert "2 passed" in out and "1 error" in out and "exited with code 3 while idle" in out
+    assert "2 passed" in out and "1 error" in out and "killed by signal SIGTERM while idle" in out
 
 
 def test_6_a_huge_output_line_is_trimmed_and_kept_whole_in_a_file(pool_run):
