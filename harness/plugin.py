@@ -7,8 +7,9 @@
   ranks' verdict into the item's outcome; records from the ranks land in `item.user_properties`.
 - `pytest_timeout_set_timer` (pytest-timeout's hook) hands a distributed test's limit to the harness:
   the body gets the whole limit, pool start-up is not counted (harness/deadline.py).
-- `pytest_runtestloop` reports, against the test that ran last on it, a rank that died while idle
-  between tests, as an error of that test's teardown: no run ends green with such a death unreported.
+- `pytest_runtest_teardown` and, after the last test, `pytest_runtestloop` report, against the test
+  that ran last on it, a rank that died while idle between tests, as an error of that test's
+  teardown, as soon as it is found: no run ends green with such a death unreported.
 """
 
 from __future__ import annotations
@@ -295,6 +296,9 @@ def pytest_runtest_teardown(item):
         deaths = runner.shutdown_pools()  # in this child they can only be this test's
         if deaths:
             pytest.fail("; ".join(message for _, message in deaths), pytrace=False)
+        return
+    for culprit, message in runner.take_idle_deaths():  # found by this test: reported now, not at the end
+        _report_idle_death(item.session, culprit, message)
 
 
 @pytest.hookimpl(wrapper=True)
