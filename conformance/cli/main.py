@@ -77,7 +77,8 @@ def _run(args, passthrough: list[str]) -> int:
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
         return 2
     argv = sorted(str(p) for f in families for p in CHECKS.rglob(f"test_{f}*.py"))
-    argv += ["-p", "no:cacheprovider", "--backend", args.backend, "--shardcheck-report", str(out),
+    argv += ["-p", "no:cacheprovider", "--backend", args.backend,
+             f"--shardcheck-report={out}",  # one token: pytest never takes an existing report for a test path
              "-o", "addopts=", "-o", "console_output_style=classic", "-q", "-rfEU",
              "-W", "ignore::pytest.PytestAssertRewriteWarning",  # conformance is imported before pytest
              # hypothesis's pytest plugin is for @given tests (explore drives hypothesis through its

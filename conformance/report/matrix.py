@@ -1,7 +1,9 @@
 """`shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html]`: the cross-implementation matrix.
 
 Reads JSON reports (conformance.report.reading: validated, version 1 upgraded), merges them (one per
-implementation, or one run with several; a later report's cell replaces an earlier one's), and
+implementation, or one run with several; for a cell in several reports a verdict beats
+unsupported/skipped, then the newer run wins, whatever the order given: each such choice is
+printed), and
 renders, as Markdown (stdout by default, fit for a CI job summary) and a self-contained HTML page
 (conformance.report.page):
 
@@ -18,11 +20,12 @@ xfailed, known failure counts as not passed): conformance.report.coverage.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
-from conformance.report import coverage
+from conformance.report import coverage, texts
 from conformance.report.cells import strip_impl
 from conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
 
@@ -47,7 +50,7 @@ def cell_id(report: dict, cell: dict) -> str:
 def first_line(message: str) -> str:
     """The line of a pytest long report that says what went wrong: its first `E   ` line, or else
     its first non-empty line."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    lines = [line.strip() for line in texts.without_worker_line(message).splitlines() if line.strip()]
     errors = [line[1:].strip() for line in lines if line.startswith("E ")]
     line = (errors or lines or [""])[0]
     return line if len(line) <= 160 else line[:157] + "..."
@@ -57,21 +60,40 @@ def _backends(report: dict) -> str:
     return ",".join(report["target"]["backends"] or []) or "?"
 
 
-def merge(reports: list[dict]) -> dict[tuple[str, str], dict]:
+def newest_last(reports: list[dict]) -> list[dict]:
+    """The reports in the order they were run (`started`), whatever order they were given in."""
+    return sorted(reports, key=lambda r: (r.get("started") or "", r.get("finished") or ""))
+
+
+def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str, str], dict]:
     """{(column, cell id): cell}. The column is the implementation, suffixed with the backends when
-    the same implementation comes from runs on different backends."""
+    the same implementation comes from runs on different backends.
+
+    Where several reports hold the same cell, a verdict (passed, failed, xfailed, ...) beats a cell
+    that reached none (unsupported, skipped: a run that could not run it says nothing about it), and
+    between two of the same kind the newer run's wins. The result never depends on the order the
+    reports are given in. Each such choice between two different outcomes is appended to
+    `conflicts` as (column, cell id, kept cell, its report, dropped cell, its report)."""
+    reports = newest_last(reports)
     tags = defaultdict(set)
     for report in reports:
         for cell in report["cells"]:
             tags[cell["impl"] or "-"].add(_backends(report))
-    cells = {}
+    cells, source = {}, {}
     for report in reports:
         for cell in report["cells"]:
             impl = cell["impl"] or "-"
             column = impl if len(tags[impl]) == 1 else f"{impl} ({_backends(report)})"
             key = (column, cell_id(report, cell))
-            cells.pop(key, None)  # a re-run cell moves to the end: the latest report's order
-            cells[key] = cell
+            kept = cells.get(key)
+            if kept is not None and kept["outcome"] not in NOT_REACHED and cell["outcome"] in NOT_REACHED:
+                winner, loser = (kept, source[key]), (cell, report)
+            else:
+                winner, loser = (cell, report), (kept, source.get(key))
+                cells.pop(key, None)  # a re-run cell moves to the end: the latest report's order
+                cells[key], source[key] = cell, report
+            if kept is not None and kept["outcome"] != cell["outcome"] and conflicts is not None:
+                conflicts.append((*key, *winner, *loser))
     return cells
 
 
@@ -204,6 +226,12 @@ def main(args) -> int:
     from conformance.report import page  # matplotlib: only for the HTML page
 
     reports = [load(path) for path in args.reports]
+    conflicts: list = []
+    merge(reports, conflicts)
+    paths = {id(report): path for report, path in zip(reports, args.reports)}
+    for column, cid, kept, kept_in, dropped, dropped_in in conflicts:
+        print(f"shardcheck matrix: {column} {cid}: {kept['outcome']} ({paths[id(kept_in)]}) over "
+              f"{dropped['outcome']} ({paths[id(dropped_in)]})", file=sys.stderr)
     if not args.markdown and not args.html:
         print(markdown(reports), end="")
     for path, render in ((args.markdown, markdown), (args.html, page.html_page)):

@@ -28,6 +28,13 @@ import re
 MESSAGE_LIMIT = 64 * 1024  # characters of a cell's message kept (head and tail): the stream's bound
 KNOWN_FAILURE_LIMIT = 1024  # an xfailed cell's headline and each block, in the report: its expectation says why
 SUITE = ("/conformance/checks/", "/conformance/adapters/")  # frames kept: the check's and the adapter's
+# pytest-xdist heads a worker's failure text with the worker and interpreter: `[gw1] linux -- Python 3.11.7 ...`
+WORKER_LINE = re.compile(r"\A\[gw\d+\] [^\n]* -- Python [^\n]*\n")
+
+
+def without_worker_line(text: str) -> str:
+    """A failure text without the line pytest-xdist puts before it (its first line is the failure's)."""
+    return WORKER_LINE.sub("", text)
 LINE_LIMIT = 400  # characters of a line the report keeps (head and tail)
 RANK_TITLE = re.compile(r"^---------- rank (\d+)( \(consequence\))? ----------$", re.M)
 ANY_TITLE = re.compile(r"^---------- rank \d+.* ----------$", re.M)

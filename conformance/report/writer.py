@@ -80,10 +80,13 @@ def family_of(nodeid: str) -> str:
 
 
 def _message(report, outcome: str) -> str:
-    """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise; bounded."""
+    """A skip's reason alone (no `(path, line, ...)` tuple); the failure text otherwise, without
+    pytest-xdist's worker line; bounded."""
     if outcome in ("skipped", "unsupported") and isinstance(report.longrepr, tuple):
         return bounded(str(report.longrepr[2]).removeprefix("Skipped: "))
-    return bounded(report.longreprtext) if outcome in BAD or outcome == "xfailed" else ""
+    if outcome in BAD or outcome == "xfailed":
+        return bounded(texts.without_worker_line(report.longreprtext))
+    return ""
 
 
 class StreamError(ValueError):

@@ -42,11 +42,12 @@ def _cell(impl, check, outcome, family="clip_grad", params="ws2-FULL_SHARD", mes
             "tolerances": [[1.3e-06, 1e-05]], "expectation": None}
 
 
-def _report(cells, backends=("gloo",)):
-    """A small hand-made report, schema-valid (test_hand_made_reports_are_valid checks it)."""
+def _report(cells, backends=("gloo",), day=1):
+    """A small hand-made report, schema-valid (test_hand_made_reports_are_valid checks it), run on
+    January `day`."""
     impls = sorted({c["impl"] for c in cells})
     return {"schema_version": 1, "suite": {"name": "shardcheck", "version": "0.1.0", "git_revision": None},
-            "started": "2026-01-01T00:00:00+00:00", "finished": "2026-01-01T00:00:01+00:00",
+            "started": f"2026-01-{day:02d}T00:00:00+00:00", "finished": f"2026-01-{day:02d}T00:00:01+00:00",
             "duration_s": 1.0, "complete": True, "exit_status": 0,
             "implementations": [{"name": i, "selected_as": i, "version": "1", "adapter": "m:A",
                                  "capabilities": []} for i in impls],
@@ -194,12 +195,41 @@ def test_matrix_markdown_on_stdout(tmp_path, capsys, version):
 
 def test_same_impl_on_two_backends_gets_two_columns_and_a_rerun_replaces_a_cell(tmp_path):
     gloo = _report([_cell("reference", "test_c0", "failed")])
-    gloo_rerun = _report([_cell("reference", "test_c0", "passed")])
+    gloo_rerun = _report([_cell("reference", "test_c0", "passed")], day=2)
     threaded = _report([_cell("reference", "test_c0", "passed")], backends=("threaded",))
-    cells = matrix.merge([gloo, gloo_rerun, threaded])
+    cells = matrix.merge([gloo_rerun, gloo, threaded])
     assert {k: c["outcome"] for k, c in cells.items()} == {
         ("reference (gloo)", "test_clip_grad.py::test_c0[ws2-FULL_SHARD]"): "passed",
         ("reference (threaded)", "test_clip_grad.py::test_c0[ws2-FULL_SHARD]"): "passed"}
+
+
+def test_merge_a_verdict_beats_no_verdict_then_the_newer_run_whatever_the_order(tmp_path, capsys):
+    old = _report([_cell("reference", "test_c0", "passed"), _cell("reference", "test_c1", "failed"),
+                   _cell("reference", "test_c2", "skipped")], day=1)
+    new = _report([_cell("reference", "test_c0", "skipped"), _cell("reference", "test_c1", "passed"),
+                   _cell("reference", "test_c2", "unsupported")], day=2)
+    want = {"test_c0": "passed", "test_c1": "passed", "test_c2": "unsupported"}
+    for order in ([old, new], [new, old]):
+        conflicts = []
+        cells = matrix.merge(order, conflicts)
+        assert {cid.split("::")[1].split("[")[0]: c["outcome"] for (_, cid), c in cells.items()} == want
+        assert sorted((cid.split("::")[1][:7], kept["outcome"], dropped["outcome"])
+                      for _, cid, kept, _, dropped, _ in conflicts) == [
+            ("test_c0", "passed", "skipped"), ("test_c1", "passed", "failed"),
+            ("test_c2", "unsupported", "skipped")]
+    a, b = _write(tmp_path, "a.json", old), _write(tmp_path, "b.json", new)
+    printed = []
+    for args in ([a, b], [b, a]):
+        assert cli.main(["matrix", *args]) == 0
+        out, err = capsys.readouterr()
+        printed.append(out)
+        assert f"test_c0[ws2-FULL_SHARD]: passed ({a}) over skipped ({b})" in err
+    assert printed[0] == printed[1]
+
+
+def test_the_failure_message_under_xdist_is_the_failures_not_the_workers_line():
+    text = "[gw1] linux -- Python 3.11.7 /venv/bin/python\nrank 0: AssertionError: step 0 loss\n"
+    assert matrix.first_line(text) == "rank 0: AssertionError: step 0 loss"
 
 
 @pytest.mark.parametrize("nodeid, selected_as, expected", [
