@@ -16,6 +16,7 @@ import time
 from collections import Counter
 
 import pytest
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.progress import (
@@ -28,7 +29,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from conformance.protocol.outcomes import BAD, OUTCOMES, outcome_of
+from conformance.protocol.outcomes import BAD, MISSING_PROPERTY, NOT_REACHED, OUTCOMES, outcome_of, reason_of
 from conformance.report import coverage
 from conformance.report.writer import PARAMS_PROPERTY, family_of
 
@@ -56,6 +57,12 @@ class RunProgress:
         self.done: Counter[tuple[str, str]] = Counter()  # (family, outcome) of finished cells
         self.impl_done: Counter[tuple[str, str, str]] = Counter()  # (impl, family, outcome)
         self.impls: dict[str, str] = {}  # nodeid -> implementation, until its teardown
+        # why cells reached no verdict: (impl, outcome, reason) -> cells; (impl, capability) -> cells
+        # that needed it, and those that needed it alone
+        self.reasons: Counter[tuple[str, str, str]] = Counter()
+        self.needed: Counter[tuple[str, str]] = Counter()
+        self.needed_alone: Counter[tuple[str, str]] = Counter()
+        self.interrupted = False
         self.started = time.monotonic()
         self._last_line = (0, self.started)
         self._live: Live | None = None  # started with the first finished cell
@@ -86,9 +93,12 @@ class RunProgress:
         if (outcome is not None and not (report.when == "teardown" and outcome == "skipped")
                 and self.cells.get(report.nodeid) in (None, "passed")):
             self.cells[report.nodeid] = outcome
-        impl = (dict(report.user_properties).get(PARAMS_PROPERTY) or {}).get("impl")
+        properties = dict(report.user_properties)
+        impl = (properties.get(PARAMS_PROPERTY) or {}).get("impl")
         if impl:
             self.impls[report.nodeid] = impl
+        if outcome in NOT_REACHED and report.when != "teardown":
+            self._note_reason(impl or "-", outcome, reason_of(report), properties.get(MISSING_PROPERTY))
         if report.when in ("setup", "call"):
             return  # a cell is done with its teardown (or a crash report: when == "???")
         family, outcome = family_of(report.nodeid), self.cells.pop(report.nodeid, "error")
@@ -98,6 +108,17 @@ class RunProgress:
 
     def pytest_sessionfinish(self, session):
         self.stop()
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        self.interrupted = True
+
+    def _note_reason(self, impl: str, outcome: str, reason: str, missing: list[str] | None) -> None:
+        if missing:
+            for capability in missing:
+                self.needed[(impl, capability)] += 1
+                self.needed_alone[(impl, capability)] += len(missing) == 1
+        else:
+            self.reasons[(impl, outcome, reason)] += 1
 
     # ---- display ---------------------------------------------------------------------------
 
@@ -167,9 +188,13 @@ class RunProgress:
                                 for (impl, family, outcome), n in self.impl_done.items() for _ in range(n))
 
     def coverage_table(self) -> Table:
-        table = Table(title="coverage = reached a verdict / collected; conformance = passed / reached")
-        for name in ("impl", "layer", "collected", "reached", "passed", "coverage", "conformance"):
-            table.add_column(name, justify="left" if name in ("impl", "layer") else "right")
+        table = Table(title="coverage = reached a verdict / cells collected; conformance = passed / reached",
+                      box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
+        widest = max((len(impl) for impl, _family, _outcome in self.impl_done), default=4)
+        for name in ("impl", "layer", "cells", "reached", "passed", "coverage", "conformance"):
+            # an implementation's name is never cut (80-column logs): the numbers' headers wrap instead
+            table.add_column(name, justify="left" if name in ("impl", "layer") else "right",
+                             no_wrap=True, min_width=widest if name == "impl" else len(name))
         for impl, layers in self.coverage().items():
             for layer, t in layers.items():
                 if layer == coverage.ALL and len(layers) == 2:
@@ -181,16 +206,44 @@ class RunProgress:
             table.add_section()
         return table
 
+    def reason_lines(self) -> list[str]:
+        """Why cells reached no verdict, per implementation: each missing capability with the cells
+        it would reach (needed by N cells, M of which need nothing else), then each skip's reason."""
+        lines = []
+        for impl in sorted({impl for impl, _ in self.needed} | {impl for impl, _, _ in self.reasons}):
+            caps = sorted((c for i, c in self.needed if i == impl), key=lambda c: -self.needed[(impl, c)])
+            for cap in caps:
+                n, alone = self.needed[(impl, cap)], self.needed_alone[(impl, cap)]
+                lines.append(f"{impl}: unsupported: `{cap}` is needed by {n} cell{'s' if n > 1 else ''}"
+                             f" ({alone} of them need nothing else)")
+            for (i, outcome, reason), n in sorted(self.reasons.items(), key=lambda kv: -kv[1]):
+                if i == impl:
+                    lines.append(f"{impl}: {n} {outcome}: {reason}")
+        return lines
+
     def print_summary(self) -> None:
+        if self.interrupted:
+            self.console.print(f"shardcheck: interrupted after {self.n_done} of {self.total} cells: "
+                               f"the tables count only those", markup=False)
         self.console.print(self.summary_table())
         self.console.print(self.coverage_table())
+        lines = self.reason_lines()
+        if lines:
+            self.console.print("Cells that reached no verdict, and why:", markup=False)
+            for line in lines:
+                self.console.print(f"  {line}", markup=False, soft_wrap=True)
 
     def exit_code(self, pytest_code: int, min_coverage: float = 0.0) -> int:
-        """pytest's code, except that a run with a failed or errored cell, or an implementation whose
-        coverage is below `min_coverage` percent, is never 0 (a line on stderr names it)."""
-        thin = coverage.below(self.coverage(), min_coverage) if min_coverage > 0 else []
-        for line in thin:
+        """pytest's code, except that a run with a failed or errored cell, an implementation that
+        reached no cell at all (every cell skipped or unsupported), or one whose coverage is below
+        `min_coverage` percent, is never 0 (a line on stderr names it)."""
+        cover = self.coverage()
+        thin = coverage.below(cover, min_coverage) if min_coverage > 0 else []
+        nothing = [f"shardcheck: {impl} reached no cell: every one of its {layers[coverage.ALL]['collected']} "
+                   f"cells was skipped or unsupported (the reasons are above)"
+                   for impl, layers in cover.items() if layers[coverage.ALL]["reached"] == 0]
+        for line in nothing + thin:
             print(line, file=sys.stderr)
         if pytest_code != 0:
             return int(pytest_code)
-        return int(self.failed or bool(thin))
+        return int(self.failed or bool(thin) or bool(nothing))

@@ -22,6 +22,7 @@ REACHED = tuple(o for o in OUTCOMES if o not in NOT_REACHED)  # cells that reach
 
 _PREFIX = "unsupported:"
 PROPERTY = "shardcheck_outcome"  # the user property that carries a cell's outcome through xdist
+MISSING_PROPERTY = "missing_capabilities"  # the one that names the capabilities an unsupported cell needed
 
 
 class Unsupported(pytest.skip.Exception):
@@ -37,6 +38,12 @@ class Unsupported(pytest.skip.Exception):
 def is_unsupported_message(text: str) -> bool:
     """Whether a skip's text came from `Unsupported` (the form in which it crosses processes)."""
     return _PREFIX in text
+
+
+def reason_of(report) -> str:
+    """Why a cell did not reach a verdict: its skip's text, without pytest's and Unsupported's prefixes."""
+    text = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
+    return text.removeprefix("Skipped: ").removeprefix(_PREFIX).strip()
 
 
 def outcome_of(report) -> str | None:

@@ -103,6 +103,7 @@ def pytest_runtest_setup(item):
         return
     missing = sorted(required_capabilities(item) - set(adapter.capabilities))
     if missing:
+        item.user_properties.append((outcomes.MISSING_PROPERTY, missing))  # the run's summary groups by it
         raise outcomes.Unsupported(f"{adapter.name} does not declare {', '.join(missing)}")
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import warm_python
 from rich.console import Console
@@ -25,6 +26,8 @@ from conformance.cli import main as cli
 from conformance.report import reading
 from conformance.report import writer as reporting
 from conformance.cli.progress import RunProgress
+from conformance.protocol.outcomes import MISSING_PROPERTY
+from conformance.report.writer import PARAMS_PROPERTY
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARDCHECK = [sys.executable, "-m", "conformance.cli"]
@@ -89,6 +92,7 @@ def test_failed_cell_fails_the_run_and_xdist_workers_make_one_report(tmp_path):
     assert hooked["world_size"] == 2
     assert hooked["rank_outcomes"] == {"0": "failed", "1": "failed"}
     assert "hook called 0 times" in hooked["message"]
+    assert hooked["message"].startswith("rank "), hooked["message"]  # not pytest-xdist's worker line
     assert report["complete"] and report["exit_status"] == 1
     assert report["full_text"] == "x.jsonl"  # the untrimmed text: the streamed cell's message
     [streamed] = [e for e in _lines(tmp_path / "x.jsonl") if e.get("check") == "test_custom_hook_called"]
@@ -220,6 +224,63 @@ def test_progress_counts_cells_and_only_failures_and_errors_fail_the_run():
                                               "[  4/  4] 1 error, 1 xfailed, 1 unsupported, 0 s"]
     progress.print_summary()
     assert re.search(r"│ b +│ +0 │ +1 │ +0 │ +1 │ +2 │", buffer.getvalue()), buffer.getvalue()
+
+
+def test_the_summary_says_why_cells_reached_no_verdict_and_nothing_reached_fails_the_run(capsys):
+    buffer = io.StringIO()
+    progress = RunProgress(console=Console(file=buffer, width=80), every=100, interval_s=3600)
+
+    def cell(nodeid, impl, reason, missing=None):
+        props = [(PARAMS_PROPERTY, {"impl": impl})] + ([(MISSING_PROPERTY, missing)] if missing else [])
+        _feed(progress, nodeid, ("setup", "skipped", ("t.py", 1, f"Skipped: {reason}"), {"user_properties": props}),
+              ("teardown", "passed", None, {"user_properties": props}))
+
+    cell("test_a.py::c1[engine-with-a-long-name]", "engine-with-a-long-name", "unsupported: e does not declare full_shard",
+         ["full_shard"])
+    cell("test_a.py::c2[engine-with-a-long-name]", "engine-with-a-long-name",
+         "unsupported: e does not declare full_shard, loss_scaling", ["full_shard", "loss_scaling"])
+    cell("test_a.py::c3[engine-with-a-long-name]", "engine-with-a-long-name", "needs 4 devices; 1 visible")
+    _feed(progress, "test_a.py::c4[reference]", ("setup", "passed", None, {"user_properties": [(PARAMS_PROPERTY, {"impl": "reference"})]}),
+          ("call", "passed"), ("teardown", "passed"))
+    assert progress.reason_lines() == [
+        "engine-with-a-long-name: unsupported: `full_shard` is needed by 2 cells (1 of them need nothing else)",
+        "engine-with-a-long-name: unsupported: `loss_scaling` is needed by 1 cell (0 of them need nothing else)",
+        "engine-with-a-long-name: 1 skipped: needs 4 devices; 1 visible"]
+    assert progress.exit_code(0) == 1  # one implementation reached nothing, whatever the other did
+    assert "engine-with-a-long-name reached no cell: every one of its 3 cells was skipped or unsupported" \
+        in capsys.readouterr().err
+    progress.print_summary()
+    assert "engine-with-a-long-name" in buffer.getvalue() and "…" not in buffer.getvalue()  # never cut
+
+
+def test_an_interrupted_run_says_how_far_it_got():
+    buffer = io.StringIO()
+    progress = RunProgress(console=Console(file=buffer, width=80), every=100, interval_s=3600)
+    progress.total = 5
+    _feed(progress, "test_a.py::c1", ("setup", "passed"), ("call", "passed"), ("teardown", "passed"))
+    progress.pytest_keyboard_interrupt(None)
+    progress.print_summary()
+    assert "shardcheck: interrupted after 1 of 5 cells" in buffer.getvalue()
+
+
+@pytest.mark.skipif(torch.distributed.is_nccl_available() and torch.cuda.is_available(), reason="nccl runs here")
+def test_a_run_where_every_cell_is_skipped_exits_1_with_the_reason(tmp_path):
+    proc = _run("run", "--backend", "nccl", "--family", "train_parity", "--world-sizes", "2", "-o",
+                str(tmp_path / "r.json"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "reference: 28 skipped: nccl" in proc.stdout, proc.stdout
+    assert "reference reached no cell" in proc.stderr, proc.stderr
+
+
+def test_the_report_path_is_never_taken_for_a_test_path(tmp_path):
+    """`-o same.json` twice in a project folder (a pyproject.toml with pytest settings)."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\n[tool.pytest.ini_options]\naddopts = ""\n')
+    for _ in range(2):
+        proc = warm_python.run([*SHARDCHECK[1:], "run", "--family", "comm_hooks", *TWO_CELLS, "-o", "same.json"],
+                               cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        report = reading.load(tmp_path / "same.json")
+        assert {c["family"] for c in report["cells"]} == {"comm_hooks"} and len(report["cells"]) == 2
 
 
 def test_run_on_ranks_started_by_torchrun(tmp_path):
