@@ -137,12 +137,20 @@ def _lowest_free(held: set[int]) -> int:
 
 
 def _open_files(known: set[int]) -> dict[int, str]:
-    """{fd: path} of the regular files this process holds open (sockets, pipes and devices are the
-    process group's and the harness's own) among the descriptors not in `known`."""
-    found = {}
+    """{fd: path} of the regular files this process holds open among the descriptors not in `known`:
+    not sockets, pipes or devices (the process group's and the harness's own), nor another handle on
+    the process's own stdout or stderr (a library's log handler opens /dev/stdout once and keeps it)."""
+    found, outputs = {}, set()
+    for std in (1, 2):
+        try:
+            st = os.fstat(std)
+            outputs.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
     for fd in _descriptors() - known:
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in outputs:
                 found[fd] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             pass  # the listing's own descriptor, closed since

@@ -161,3 +161,9 @@ def test_10_joins_its_thread_and_closes_its_file(ctx):
 def test_11_a_clean_test_keeps_its_ranks(ctx, step):
     ctx.record("pid", os.getpid())
     _one_all_reduce(ctx)
+
+
+@distributed(world_size=2)
+def test_12_a_handle_on_its_own_output_is_not_a_leak(ctx):
+    KEEP.append(open("/dev/stdout", "w"))  # what a library's log handler does on first use
+    _one_all_reduce(ctx)

@@ -105,6 +105,10 @@ def test_a_body_that_cleans_up_passes(which, request):
     passed(request.getfixturevalue(which), "test_10_joins_its_thread_and_closes_its_file[ws2]")
 
 
+def test_a_second_handle_on_the_ranks_own_output_is_not_a_leak(pool_run):
+    passed(pool_run, "test_12_a_handle_on_its_own_output_is_not_a_leak[ws2]")
+
+
 def test_clean_tests_keep_their_rank_processes(pool_run):
     pids = [outcome(pool_run[:3], f"test_11_a_clean_test_keeps_its_ranks[ws2-{step}]")["props"]["pid"]
             for step in range(3)]
