@@ -92,7 +92,12 @@ def html_page(reports: list[dict]) -> str:
             body = f"<b>{coverage.show(value)}</b><br>{e(describe(counts[family, c]))}" if counts[family, c] else "–"
             tds.append(f'<td class="rate {_css_class(value)}">{body}</td>')
         family_rows.append(f'<tr class="{"all" if family == "all" else ""}"><th>{e(family)}</th>{"".join(tds)}</tr>')
-    png = base64.b64encode(chart_png(table_rows)).decode()
+    try:
+        chart = (f'<img alt="coverage and conformance per implementation and layer" '
+                 f'src="data:image/png;base64,{base64.b64encode(chart_png(table_rows)).decode()}">')
+    except ImportError:  # matplotlib is the extra `chart`
+        chart = ('<p class="note">No chart: matplotlib is not installed '
+                 "(<code>pip install 'shardcheck[chart]'</code>).</p>")
     groups = known(cells)
     fails = failing(cells)
     fail_rows = "".join(f"<tr><td>{e(col)}</td><td><code>{e(cid)}</code></td><td>{e(msg)}</td></tr>"
@@ -108,7 +113,7 @@ def html_page(reports: list[dict]) -> str:
 <table class="impls"><thead><tr><th>implementation</th><th>layer</th><th>coverage</th><th>conformance</th>
 <th>outcomes</th></tr></thead><tbody>{"".join(impl_rows)}</tbody></table>
 <p class="note">{e(NOTE)}</p>
-<img alt="coverage and conformance per implementation and layer" src="data:image/png;base64,{png}">
+{chart}
 <h2>By family</h2>
 <table class="matrix"><thead><tr><th>family</th>{head}</tr></thead><tbody>{"".join(family_rows)}</tbody></table>
 <h2>Known failures ({sum(len(g["cells"]) for g in groups)} cells, {len(groups)} findings)</h2>
