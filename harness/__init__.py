@@ -17,7 +17,9 @@ Where each concern lives:
     runner.py      run a test's plan in its mode (pools kept per world size and backend); `run`
     pool.py        rank processes reused test after test until one fails (pool and spawn modes); preload
     worker.py      the main loop of one rank process
+    isolation.py   what a test may leave behind in a rank process: restored, or refused
     threads.py     thread mode: torch's threaded process group
+    launcher.py    which launcher (torchrun, srun) started this process, from the environment
     external.py    ranks started by torchrun or srun
     waiting.py     the one wait for every rank's result, and what a rank that never answered is
     task.py        what travels to the ranks (Task) and back (RankResult); runs a body on a rank
@@ -33,21 +35,29 @@ Where each concern lives:
     bench.py       per-test overhead of each mode: `python -m harness.bench`
 """
 
-from harness.context import RankContext
-from harness.plan import HarnessUsageError
-from harness.pool import preload
-from harness.runner import run
-from harness.verdict import Verdict
+import importlib
+
 from harness.vocabulary import BACKENDS
 
 __all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "preload", "run"]
+
+# Imported on first use (PEP 562): the pytest plugin imports this package in every session of an
+# environment where shardcheck is installed, and torch only comes with what runs a test.
+_LAZY = {"RankContext": "harness.context", "HarnessUsageError": "harness.plan", "preload": "harness.pool",
+         "run": "harness.runner", "Verdict": "harness.verdict"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 
 def distributed(world_size=2, *, backend=None, timeout=None):
     """Mark a test to run on `world_size` ranks (an int, or a list: one pytest item per size).
 
-    `backend` fixes the backend for this test (default: the session's --backend); `timeout` is the
-    per-test deadline in seconds (default: pytest-timeout's marker/option, else --rank-timeout).
+    `backend` fixes the backend for this test (default: the session's --shardcheck-backend); `timeout` is the
+    per-test deadline in seconds (default: pytest-timeout's marker/option, else --shardcheck-rank-timeout).
     """
     import pytest
 

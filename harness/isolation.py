@@ -23,7 +23,7 @@ collective that some rank is still waiting on, or that the next test's first col
 matched against; the test that returned fails at once.
 
 Not covered (no generic way back): a module-level monkeypatch, a module imported, state inside a C
-library. A test that needs such changes runs in fresh processes (`--launch spawn`).
+library. A test that needs such changes runs in fresh processes (`--shardcheck-launch spawn`).
 """
 
 from __future__ import annotations

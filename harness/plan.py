@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-
 from harness.devices import thread_device_type
-from harness.external import LaunchEnv, detect
+from harness.launcher import LaunchEnv, detect
 from harness.vocabulary import BACKENDS, MODES
 
 
@@ -62,6 +59,9 @@ def check_mode(mode: str, backend: str) -> str:
 
 def skip_reason(backend: str, world_size: int) -> str | None:
     """Why this (backend, world size) cannot run on this machine, or None if it can."""
+    import torch
+    import torch.distributed as dist
+
     if not dist.is_available():
         return "torch.distributed is not available in this torch build"
     if backend == "gloo" and not dist.is_gloo_available():

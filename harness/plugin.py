@@ -20,16 +20,30 @@ import sys
 
 import pytest
 
-from harness import deadline, devices, forked_compat, runner, xdist_support
-from harness.external import detect
+# Nothing here imports torch: a session whose tests are not `@distributed` pays for none of it
+# (the rank machinery, harness.runner and harness.pool, is imported by the first distributed test).
+from harness import deadline, devices, forked_compat, xdist_support
+from harness.launcher import detect
 from harness.plan import HarnessUsageError, Plan, check_backend, check_world_size, choose_mode, make_plan
-from harness.pool import START_TIMEOUT_S, PoolStartError, preload
 from harness.task import Task, takes_ctx
 from harness.verdict import Verdict, not_started
 from harness.vocabulary import LAUNCHES
 
 MARKER = "distributed"
 PLAN = pytest.StashKey[Plan]()  # a distributed item's plan, made at setup
+OPTION_PREFIX = "--shardcheck-"  # every option of shardcheck's plugins: no clash with a project's own
+
+
+def _runner():
+    """harness.runner (imports torch), on first use."""
+    from harness import runner
+
+    return runner
+
+
+def _started() -> bool:
+    """Whether any distributed test ran in this process (its pools may need stopping)."""
+    return "harness.runner" in sys.modules
 
 
 _parser = []  # kept for `-n gpus` when pytest-xdist registers after this plugin
@@ -39,18 +53,20 @@ def pytest_addoption(parser):
     _parser[:] = [parser]
     xdist_support.teach_gpus(parser)
     group = parser.getgroup("shardcheck", "shardcheck harness: running test bodies on N ranks")
-    group.addoption("--backend", default=os.environ.get("SHARDCHECK_BACKEND", "gloo"),
+    group.addoption("--shardcheck-backend", dest="shardcheck_backend",
+                    default=os.environ.get("SHARDCHECK_BACKEND", "gloo"),
                     help="gloo (CPU processes), nccl (CUDA processes) or threaded (ranks as threads); "
                          "a comma-separated list runs every test once per backend. "
                          "Default: $SHARDCHECK_BACKEND or gloo.")
-    group.addoption("--launch", default=os.environ.get("SHARDCHECK_LAUNCH", "pool"),
+    group.addoption("--shardcheck-launch", dest="shardcheck_launch",
+                    default=os.environ.get("SHARDCHECK_LAUNCH", "pool"),
                     choices=LAUNCHES,
                     help="pool: persistent rank processes reused across tests (default); "
                          "spawn: fresh processes for every test.")
-    group.addoption("--rank-timeout", type=float, default=300.0,
+    group.addoption("--shardcheck-rank-timeout", dest="shardcheck_rank_timeout", type=float, default=300.0,
                     help="per-test deadline in seconds when neither @distributed(timeout=) nor "
                          "pytest-timeout gives one (default 300).")
-    group.addoption("--world-sizes", default=None,
+    group.addoption("--shardcheck-world-sizes", dest="shardcheck_world_sizes", default=None,
                     help="comma-separated world sizes to keep, e.g. 2,4 (others are deselected).")
     parser.addini("rank_preload", type="linelist", default=[],
                   help="modules imported in the parent before any rank process starts: forked ranks "
@@ -65,7 +81,7 @@ def pytest_plugin_registered(plugin, manager):
 
 def _size(text: str) -> int:
     if not text.strip().isdigit():
-        raise HarnessUsageError(f"--world-sizes: {text.strip()!r} is not a positive integer "
+        raise HarnessUsageError(f"--shardcheck-world-sizes: {text.strip()!r} is not a positive integer "
                                 f"(give a comma-separated list, e.g. 2,4)")
     return int(text)
 
@@ -76,27 +92,35 @@ def pytest_configure(config):
                    "world_size ranks (an int or a list: one item per size); the body takes `ctx`.")
     try:
         config._shardcheck_backends = [check_backend(b.strip())
-                                       for b in config.getoption("backend").split(",")]
-        sizes = config.getoption("world_sizes")
+                                       for b in config.getoption("shardcheck_backend").split(",")]
+        sizes = config.getoption("shardcheck_world_sizes")
         config._shardcheck_sizes = {check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
     except HarnessUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._shardcheck_launch_env = detect()
     config._shardcheck_main_pid = os.getpid()
     config._shardcheck_locations = {}  # nodeid -> location of distributed tests, for late reports
+    config._shardcheck_preloaded = False
     forked_compat.install()  # --forked on pytest >= 9.2 (see harness/forked_compat.py)
     if not hasattr(config, "workerinput"):  # the controller; xdist workers inherit its environment
         devices.prepare()
 
 
+def _preload(config) -> None:
+    """Before the first distributed test of this process: import `rank_preload` once. It is for
+    ranks forked from this process (pools) or run in it (threads); not for a launcher's rank (no
+    rank is forked from it; what its tests need, they import)."""
+    if config._shardcheck_preloaded or config._shardcheck_launch_env is not None:
+        return
+    from harness.pool import preload
+
+    preload(config.getini("rank_preload"))
+    config._shardcheck_preloaded = True
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
     launch = session.config._shardcheck_launch_env
-    # Preloading is for ranks forked from this process (pools) or run in it (threads). Not for an
-    # xdist controller (it runs no test) nor a launcher's rank (no rank is forked from it; what its
-    # tests need, they import).
-    if launch is None and not session.config.pluginmanager.has_plugin("dsession"):
-        preload(session.config.getini("rank_preload"))
     if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
         reporter = session.config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:  # keep the plugin (others use it), silence its output
@@ -105,12 +129,24 @@ def pytest_sessionstart(session):
             reporter._tw = create_terminal_writer(session.config, open(os.devnull, "w"))
 
 
+def asked_for(config) -> bool:
+    """Whether this session asked for shardcheck: one of its options on the command line (or in
+    PYTEST_ADDOPTS), or ranks started by a launcher."""
+    return config._shardcheck_launch_env is not None or any(
+        str(arg).startswith(OPTION_PREFIX) for arg in config.invocation_params.args) or \
+        OPTION_PREFIX in os.environ.get("PYTEST_ADDOPTS", "")
+
+
 def pytest_report_header(config):
-    launch = config._shardcheck_launch_env
-    where = f"{launch.launcher} rank {launch.rank}/{launch.world_size}" if launch else config.getoption("launch")
-    lines = [f"shardcheck harness: backend={','.join(config._shardcheck_backends)} launch={where}"]
+    """The harness's line when the session asked for shardcheck (`asked_for`), and `-n gpus`'s."""
+    lines = []
+    if asked_for(config):
+        launch = config._shardcheck_launch_env
+        where = (f"{launch.launcher} rank {launch.rank}/{launch.world_size}" if launch
+                 else config.getoption("shardcheck_launch"))
+        lines.append(f"shardcheck harness: backend={','.join(config._shardcheck_backends)} launch={where}")
     gpus = xdist_support.header_line()
-    return lines + [gpus] if gpus else lines
+    return lines + [gpus] if gpus else lines or None
 
 
 @pytest.fixture
@@ -183,7 +219,7 @@ def _backend(item) -> str:
 def _deadline(item) -> float:
     """The body's limit: @distributed(timeout=), else pytest-timeout's, else --rank-timeout."""
     own = item.get_closest_marker(MARKER).kwargs.get("timeout")
-    return deadline.limit(item, own, item.config.getoption("rank_timeout"))
+    return deadline.limit(item, own, item.config.getoption("shardcheck_rank_timeout"))
 
 
 def _times_itself(item) -> bool:
@@ -202,7 +238,7 @@ def pytest_timeout_set_timer(item, settings):
 
 def _make_plan(item) -> Plan:
     backend = _backend(item)
-    mode = choose_mode(backend, item.config.getoption("launch"),
+    mode = choose_mode(backend, item.config.getoption("shardcheck_launch"),
                        external=item.config._shardcheck_launch_env is not None)
     return make_plan(_world_size(item), backend, mode)
 
@@ -221,6 +257,7 @@ def pytest_runtest_setup(item):
         pytest.fail(f"{item.name}: a @distributed test body must take `ctx` as an argument", pytrace=False)
     if plan.skip:
         pytest.skip(plan.skip)
+    _preload(item.config)  # before the first pool forks, or the first threaded world runs
 
 
 def _unpicklable(kwargs):
@@ -242,6 +279,8 @@ def _qualname(item) -> str:
 def pytest_pyfunc_call(pyfuncitem):
     if pyfuncitem.get_closest_marker(MARKER) is None:
         return None
+    from harness.pool import PoolStartError
+
     plan = pyfuncitem.stash[PLAN]
     names = [n for n in pyfuncitem._fixtureinfo.argnames
              if n not in ("ctx", "request", "shardcheck_backend")]
@@ -259,8 +298,8 @@ def pytest_pyfunc_call(pyfuncitem):
             visible = len(devices.visible_devices())
             if plan.world_size > visible:
                 pytest.skip(f"needs {plan.world_size} devices; {visible} visible")
-            with devices.lease(plan.world_size, pyfuncitem.config.getoption("rank_timeout"),
-                               prefer=runner.pool_devices(plan.world_size, plan.backend)) as leased:
+            with devices.lease(plan.world_size, pyfuncitem.config.getoption("shardcheck_rank_timeout"),
+                               prefer=_runner().pool_devices(plan.world_size, plan.backend)) as leased:
                 verdict = _run_timed(pyfuncitem, task, plan, leased)
         else:
             verdict = _run_timed(pyfuncitem, task, plan, None)
@@ -283,6 +322,9 @@ def pytest_pyfunc_call(pyfuncitem):
 def _run_timed(item, task: Task, plan: Plan, leased: list[str] | None) -> Verdict:
     """Start the ranks (not the test's time), then run the body under its deadline, with
     pytest-timeout's timer as a backstop should the harness itself get stuck."""
+    from harness.pool import START_TIMEOUT_S
+
+    runner = _runner()
     if plan.mode == "pool":
         runner.prepare(plan.world_size, plan.backend, leased)
     limit = _deadline(item)
@@ -292,12 +334,14 @@ def _run_timed(item, task: Task, plan: Plan, leased: list[str] | None) -> Verdic
 
 
 def pytest_runtest_teardown(item):
+    if not _started():
+        return
     if os.getpid() != item.config._shardcheck_main_pid:  # pytest-forked child: its pools die with it
-        deaths = runner.shutdown_pools()  # in this child they can only be this test's
+        deaths = _runner().shutdown_pools()  # in this child they can only be this test's
         if deaths:
             pytest.fail("; ".join(message for _, message in deaths), pytrace=False)
         return
-    for culprit, message in runner.take_idle_deaths():  # found by this test: reported now, not at the end
+    for culprit, message in _runner().take_idle_deaths():  # found by this test: reported now
         _report_idle_death(item.session, culprit, message)
 
 
@@ -305,7 +349,7 @@ def pytest_runtest_teardown(item):
 def pytest_runtestloop(session):
     """After the last test: stop the pools and report ranks that died while idle (see module doc)."""
     result = yield
-    for culprit, message in runner.shutdown_pools():
+    for culprit, message in _runner().shutdown_pools() if _started() else ():
         _report_idle_death(session, culprit, message)
     return result
 
@@ -320,5 +364,6 @@ def _report_idle_death(session, culprit: str | None, message: str) -> None:
 
 
 def pytest_unconfigure(config):
-    runner.shutdown_pools()
-    runner.leave_external_world()  # ranks leave together, after rank 0 has reported
+    if _started():
+        _runner().shutdown_pools()
+        _runner().leave_external_world()  # ranks leave together, after rank 0 has reported

@@ -1,6 +1,6 @@
 """The harness's words, each list defined once: backends, modes, and a rank's or a test's outcomes.
 
-Backends (`--backend`, `@distributed(backend=)`):
+Backends (`--shardcheck-backend`, `@distributed(backend=)`):
 
     gloo      CPU processes
     nccl      CUDA processes, one device per rank
@@ -8,8 +8,8 @@ Backends (`--backend`, `@distributed(backend=)`):
 
 Modes, how the ranks of a test are started (`harness.plan.choose_mode` picks one per test):
 
-    pool      persistent rank processes, reused test after test (`--launch pool`, the default)
-    spawn     fresh rank processes for every test (`--launch spawn`)
+    pool      persistent rank processes, reused test after test (`--shardcheck-launch pool`, the default)
+    spawn     fresh rank processes for every test (`--shardcheck-launch spawn`)
     thread    ranks as threads: the mode of the `threaded` backend, and its only one
     external  ranks started by torchrun or srun, each running the same pytest session
 
@@ -23,5 +23,5 @@ conformance suite has a richer vocabulary of its own (conformance/protocol/outco
 
 BACKENDS = ("gloo", "nccl", "threaded")
 MODES = ("pool", "spawn", "thread", "external")
-LAUNCHES = ("pool", "spawn")  # the modes `--launch` chooses between: rank processes started here
+LAUNCHES = ("pool", "spawn")  # the modes `--shardcheck-launch` chooses between: rank processes started here
 OUTCOMES = ("passed", "failed", "skipped")

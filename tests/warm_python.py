@@ -44,6 +44,7 @@ def _child(argv: list[str], cwd: str, env: dict, stdout: str, stderr: str) -> No
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # recomputed from this environment's TMPDIR, as at start-up
     sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # as at start-up
     for target, path in ((1, stdout), (2, stderr)):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

@@ -24,7 +24,8 @@ from conformance.protocol import StepResult, Unsupported
 COMM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 3}
 if importlib.util.find_spec("deepspeed") is None:
-    raise ImportError("deepspeed is not installed: see the README (pip install -e '.[deepspeed]')")
+    raise ImportError("deepspeed is not installed: see the README (DS_BUILD_OPS=0 PIP_NO_BUILD_ISOLATION=0 "
+                      "pip install 'shardcheck[deepspeed]')")
 
 
 class DeepSpeedTrainer:

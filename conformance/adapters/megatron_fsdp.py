@@ -25,7 +25,7 @@ try:
     from megatron_fsdp.uneven_dtensor import uneven_dtensor_to_full_tensor
 except ImportError as exc:  # an optional engine: `--impl all` leaves it out with this reason
     raise ImportError(f"megatron-fsdp is not importable ({exc}): see the README (torch pinned first, then "
-                      "pip install -e '.[megatron]')") from None
+                      "pip install 'shardcheck[megatron]')") from None
 from conformance.adapters import megatron_cpu
 
 STRATEGIES = {"FULL_SHARD": "optim_grads_params", "SHARD_GRAD_OP": "optim_grads", "NO_SHARD": "no_shard",

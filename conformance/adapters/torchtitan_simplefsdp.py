@@ -28,7 +28,7 @@ try:
     from torchtitan.experiments.graph_trainer import simple_fsdp
     from torchtitan.experiments.graph_trainer.simple_fsdp import MixedPrecisionPolicy, data_parallel
 except ImportError as exc:  # an optional engine: `--impl all` leaves it out with this reason
-    raise ImportError(f"torchtitan is not importable ({exc}): see the README (pip install -e '.[torchtitan]' "
+    raise ImportError(f"torchtitan is not importable ({exc}): see the README (pip install 'shardcheck[torchtitan]' "
                       "&& pip install --no-deps torchtitan==0.3.0)") from None
 
 MODES = {"FULL_SHARD": "fully_shard", "SHARD_GRAD_OP": "fully_shard", "NO_SHARD": "replicate",

@@ -66,7 +66,7 @@ def _run(args, passthrough: list[str]) -> int:
     stamp = f"{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"  # two runs in one second: two files
     out = Path(args.output or f"reports/local/{'+'.join(args.impl or ['reference'])}-{args.backend}-{stamp}.json")
     from conformance.report import writer as reporting
-    from harness.external import detect
+    from harness.launcher import detect
 
     launch = detect()
     # Checked where the report is written: here, or on a launcher's rank 0 alone (another rank's
@@ -77,7 +77,7 @@ def _run(args, passthrough: list[str]) -> int:
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
         return 2
     argv = sorted(str(p) for f in families for p in CHECKS.rglob(f"test_{f}*.py"))
-    argv += ["-p", "no:cacheprovider", "--backend", args.backend,
+    argv += ["-p", "no:cacheprovider", f"--shardcheck-backend={args.backend}",
              f"--shardcheck-report={out}",  # one token: pytest never takes an existing report for a test path
              "-o", "addopts=", "-o", "console_output_style=classic", "-q", "-rfEU",
              "-W", "ignore::pytest.PytestAssertRewriteWarning",  # conformance is imported before pytest
@@ -86,9 +86,9 @@ def _run(args, passthrough: list[str]) -> int:
              # bytecode is not cached (pytest rewrites a plugin's modules)
              "-p", "no:hypothesispytest"]
     for impl in args.impl or []:
-        argv += ["--impl", impl]
+        argv += [f"--shardcheck-impl={impl}"]
     if args.world_sizes:
-        argv += ["--world-sizes", args.world_sizes]
+        argv += [f"--shardcheck-world-sizes={args.world_sizes}"]
     if args.k:
         argv += ["-k", args.k]
     workers = workers_for(args, launch, passthrough) if args.workers == "auto" else args.workers

@@ -17,7 +17,7 @@ from conformance.checks.support.parity import train_in_parity
 from conformance.explore import model
 from conformance.explore.config import Config, from_json, to_json
 from conformance.protocol.outcomes import is_unsupported_message
-from conformance.protocol.spec import RANK_PRELOAD
+from conformance.pytest_plugin.selection import RANK_PRELOAD
 
 EXAMPLE_TIMEOUT_S = 60.0
 

@@ -12,11 +12,6 @@ import torch.nn as nn
 
 from conformance.protocol.capabilities import of_strategy
 
-# Modules the ranks import on first use, to import once in the parent before ranks fork
-# (harness.preload): the first construction of a torch optimizer (Optimizer.build) imports
-# torch._dynamo, about 1 s of CPU in every rank of every pool.
-RANK_PRELOAD = ("torch._dynamo",)
-
 
 @dataclass(frozen=True)
 class MixedPrecision:

@@ -21,16 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from conformance import adapters
-from conformance.expectations import manifest
-from conformance.protocol.spec import RANK_PRELOAD
-from conformance.protocol import capabilities, outcomes
+from conformance.protocol import outcomes
 from conformance.report.cells import strip_impl
+
+# Nothing above imports torch or an adapter: they are loaded when a test takes `impl` (a
+# conformance check) or --shardcheck-impl is given, not in every session of the environment.
+# Modules the ranks import on first use, to import once in the parent before ranks fork
+# (harness.preload): the first construction of a torch optimizer (Optimizer.build) imports
+# torch._dynamo, about 1 s of CPU in every rank of every pool.
+RANK_PRELOAD = ("torch._dynamo",)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("shardcheck-conformance", "shardcheck conformance: implementations")
-    group.addoption("--impl", action="append", default=None,
+    group.addoption("--shardcheck-impl", dest="shardcheck_impl", action="append", default=None,
                     help="implementation(s) to check: a built-in name (reference, torch-fsdp2, "
                          "torch-fsdp1, ddp, deepspeed, torchtitan-simplefsdp, megatron-fsdp), "
                          "NAME[variant], 'all' (every built-in one "
@@ -42,21 +46,38 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): capabilities the cell needs")
     for module in RANK_PRELOAD:  # imported once in the parent, not in every rank of every pool
-        config.addinivalue_line("rank_preload", module)
-    names = config.getoption("impl") or [os.environ.get("SHARDCHECK_IMPL", "reference")]
+        try:
+            config.addinivalue_line("rank_preload", module)
+        except ValueError:
+            break  # the harness plugin is off (-p no:shardcheck): no ranks, nothing to preload
+    config._shardcheck_impls = config._shardcheck_manifests = None
+    if config.getoption("shardcheck_impl"):
+        impls(config)  # asked for: load now, so that a bad name is a usage error before collection
+
+
+def impls(config) -> dict:
+    """{name: adapter} of the implementations checked, loaded on first use with their manifests."""
+    if config._shardcheck_impls is not None:
+        return config._shardcheck_impls
+    from conformance import adapters
+    from conformance.expectations import manifest
+
+    names = config.getoption("shardcheck_impl") or [os.environ.get("SHARDCHECK_IMPL", "reference")]
     names = [n.strip() for chunk in names for n in _split(chunk) if n.strip()]
     if not names:
-        raise pytest.UsageError("--impl: no implementation named")
+        raise pytest.UsageError("--shardcheck-impl: no implementation named")
     if "all" in names:
         every, left_out = adapters.every_builtin()
         names = [m for n in names for m in (every if n == "all" else [n])]
-        for name, reason in left_out.items():
-            print(f"shardcheck: --impl all: {name} left out: {reason}", file=sys.stderr)
+        if not hasattr(config, "workerinput"):  # said once, by the controller
+            for name, reason in left_out.items():
+                print(f"shardcheck: --impl all: {name} left out: {reason}", file=sys.stderr)
     try:
         config._shardcheck_impls = {n: adapters.load(n) for n in dict.fromkeys(names)}
         config._shardcheck_manifests = {n: manifest.load(a) for n, a in config._shardcheck_impls.items()}
     except (adapters.UnknownAdapter, manifest.ManifestError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    return config._shardcheck_impls
 
 
 def _split(chunk: str) -> list[str]:
@@ -74,14 +95,16 @@ def _split(chunk: str) -> list[str]:
 
 
 def pytest_report_header(config):
+    if config._shardcheck_impls is None:
+        return None  # not asked for (--shardcheck-impl): no line in an unrelated session's header
     return [f"shardcheck impl {name}: {a.name} {a.version} [{', '.join(sorted(a.capabilities))}]"
             for name, a in config._shardcheck_impls.items()]
 
 
 def pytest_generate_tests(metafunc):
     if "impl" in metafunc.fixturenames:
-        impls = metafunc.config._shardcheck_impls
-        metafunc.parametrize("impl", list(impls.values()), ids=list(impls))
+        checked = impls(metafunc.config)
+        metafunc.parametrize("impl", list(checked.values()), ids=list(checked))
 
 
 def required_capabilities(item) -> set[str]:
@@ -124,6 +147,10 @@ def pytest_report_teststatus(report, config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     """Check every requires() name; mark known failures as strict xfails before -k/-m deselect."""
+    if config._shardcheck_impls is None:
+        return  # no test took `impl`: no conformance cell here
+    from conformance.protocol import capabilities
+
     for item in items:
         if _adapter_of(item) is None:
             continue

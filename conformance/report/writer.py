@@ -31,7 +31,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from conformance.protocol.outcomes import BAD, outcome_of
 from conformance.report import compact, coverage, reading, texts
@@ -183,7 +182,9 @@ class ReportWriter:
         self.stream.flush()
 
     def header(self) -> dict:
-        impls = getattr(self.config, "_shardcheck_impls", {})
+        from conformance.pytest_plugin import selection  # its implementations, loaded for the report
+
+        impls = selection.impls(self.config) if hasattr(self.config, "_shardcheck_impls") else {}
         return {
             "schema_version": SCHEMA_VERSION,
             "suite": {"name": "shardcheck", "version": SUITE_VERSION, "git_revision": _git_revision()},
@@ -236,8 +237,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     params = dict(getattr(item, "callspec", None).params) if hasattr(item, "callspec") else {}
-    if "impl" in params:
-        params["impl"] = params["impl"].name
+    if "impl" not in params:
+        return  # not a conformance cell: another project's test keeps its properties as they were
+    params["impl"] = params["impl"].name
     params.pop("shardcheck_backend", None)
     rep.user_properties.append((PARAMS_PROPERTY, {k: _jsonable(v) for k, v in params.items()}))
 
@@ -331,6 +333,8 @@ def _git_revision() -> str | None:
 
 
 def _target(config) -> dict:
+    import torch  # here, not at the top: the plugin loads in every session of the environment
+
     cuda = torch.cuda.is_available()
     return {
         "backends": getattr(config, "_shardcheck_backends", None),
@@ -346,7 +350,7 @@ def _target(config) -> dict:
 
 
 def pytest_configure(config):
-    from harness.external import detect
+    from harness.launcher import detect
 
     path = config.getoption("shardcheck_report")
     launch = detect()

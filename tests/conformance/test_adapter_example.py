@@ -11,7 +11,7 @@ EXAMPLE = "docs.examples.allreduce_engine:AllReduceAdapter"
 
 def _run(impl: str, *extra: str):
     return warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
-                            "--impl", impl, "--world-sizes", "2", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                            "--shardcheck-impl", impl, "--shardcheck-world-sizes", "2", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
                             "-k", "NO_SHARD and (norm2 or noclip)", *extra], cwd=ROOT, timeout=600)
 
 
@@ -33,7 +33,7 @@ def test_example_adapter_that_forgets_to_average_fails(tmp_path):
         "e.AllReduceEngine = Summing\n"
         "Adapter = e.AllReduceAdapter\n")
     proc = warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
-                            "--impl", "summing_engine:Adapter", "--world-sizes", "2", "-q", "-o", "addopts=",
+                            "--shardcheck-impl", "summing_engine:Adapter", "--shardcheck-world-sizes", "2", "-q", "-o", "addopts=",
                             "-p", "no:cacheprovider", "-k", "NO_SHARD and noclip and uneven_mlp"],
                            cwd=ROOT, timeout=600, env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"})
     assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-3000:]

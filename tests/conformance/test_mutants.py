@@ -4,7 +4,7 @@ For each mutant in ``conformance.mutants.MUTANTS`` (one pytest item each) the ch
 run in their OWN pytest process (a mutant patches reference_impl process-wide; started warm, with torch
 already imported: tests/warm_python.py)::
 
-    python -m pytest conformance/checks/<dir>/<file>::<check> ... --impl conformance.mutants:<Class> \
+    python -m pytest conformance/checks/<dir>/<file>::<check> ... --shardcheck-impl conformance.mutants:<Class> \
         -p conformance.mutants.per_check ...
 
 and at least one cell must FAIL; the killing cell is printed (``-s`` shows it). ``-x`` stops at the
@@ -86,9 +86,9 @@ def all_check_functions() -> set[str]:
 
 
 def _command(impl: str, selection, stop_at_first_failure: bool, world_sizes=(2,)) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", *selection, "--impl", impl,
-           "--backend", BACKEND, "--world-sizes", ",".join(map(str, world_sizes)), "-o", "addopts=",
-           "-p", "no:cacheprovider", "-rfE", "--rank-timeout", "120", *PLUGINS]
+    cmd = [sys.executable, "-m", "pytest", *selection, "--shardcheck-impl", impl, "--shardcheck-backend", BACKEND,
+           "--shardcheck-world-sizes", ",".join(map(str, world_sizes)), "-o", "addopts=",
+           "-p", "no:cacheprovider", "-rfE", "--shardcheck-rank-timeout", "120", *PLUGINS]
     return cmd + (["-x"] if stop_at_first_failure else [])
 
 

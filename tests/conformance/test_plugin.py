@@ -45,7 +45,7 @@ def _session(tmp_path, manifest, *args):
     (tmp_path / "test_checks.py").write_text(CHECKS)
     (tmp_path / "fake.toml").write_text(textwrap.dedent(manifest))
     proc = warm_python.run(["-m", "pytest", "-p", "no:cacheprovider", "-rA",
-                            "--impl", "fake_adapter:Fake", "test_checks.py", *args], cwd=tmp_path, timeout=300)
+                            "--shardcheck-impl", "fake_adapter:Fake", "test_checks.py", *args], cwd=tmp_path, timeout=300)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -83,7 +83,7 @@ def test_a_known_failure_that_passes_fails_the_run(tmp_path):
 
 
 def test_unknown_implementation_is_one_line(tmp_path):
-    proc = warm_python.run(["-m", "pytest", "--impl", "nope", "--co"], cwd=tmp_path, timeout=120)
+    proc = warm_python.run(["-m", "pytest", "--shardcheck-impl", "nope", "--co"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 4
     assert ("unknown implementation 'nope'; available: ddp, deepspeed, megatron-fsdp, reference, torch-fsdp1, "
             "torch-fsdp2, torchtitan-simplefsdp") in proc.stderr

@@ -108,7 +108,7 @@ def collected() -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("SHARDCHECK_IMPL", "PYTEST_ADDOPTS")}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     proc = warm_python.run(
-        ["-m", "pytest", str(CHECKS.relative_to(ROOT)), "--collect-only", "-q", "--impl", "reference",
+        ["-m", "pytest", str(CHECKS.relative_to(ROOT)), "--collect-only", "-q", "--shardcheck-impl", "reference",
          "-o", "addopts=", "-p", "no:cacheprovider", "-p", "harness.plugin", "-p", "conformance.pytest_plugin.selection"],
         cwd=ROOT, env=env, timeout=300)
     prefix = str(CHECKS.relative_to(ROOT)) + "/"

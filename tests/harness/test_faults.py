@@ -34,7 +34,7 @@ def pool_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def thread_run(tmp_path_factory):
-    return child_session(tmp_path_factory.mktemp("thread"), "--backend", "threaded", "-k",
+    return child_session(tmp_path_factory.mktemp("thread"), "--shardcheck-backend", "threaded", "-k",
                          "exception or hang_in_collective or matrix or skip or records or next or "
                          "assert_equal or world_size_zero")
 
@@ -205,7 +205,7 @@ def test_8_bad_input_is_one_clear_line_or_a_skip(pool_run, tmp_path):
     assert rec["text"].strip() == "unknown backend 'bogus'; choose one of: gloo, nccl, threaded"
     rec = outcome(pool_run, "test_nccl_without_gpus[ws2]")
     assert rec["outcome"] == "skipped" and "nccl" in rec["text"]
-    code, out, _ = child_session(tmp_path, "--backend", "mpi")
+    code, out, _ = child_session(tmp_path, "--shardcheck-backend", "mpi")
     assert code == 4 and "unknown backend 'mpi'" in out and "Traceback" not in out
 
 
@@ -237,7 +237,7 @@ def test_assert_equal_across_ranks_fails_on_every_rank(pool_run):
 
 
 def test_spawn_mode_reports_like_the_pool(tmp_path):
-    _, out, records = child_session(tmp_path, "--launch", "spawn", "-k",
+    _, out, records = child_session(tmp_path, "--shardcheck-launch", "spawn", "-k",
                                     "exception_on_one_rank or next_test_runs_clean")
     assert records["test_exception_on_one_rank[ws3]"]["text"].startswith("rank 1: ValueError")
     assert records["test_next_test_runs_clean[ws2]"]["outcome"] == "passed", out[-2000:]

@@ -19,7 +19,7 @@ def pool_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("isolation")
     env = {**os.environ, "SHARDCHECK_LEAK_DIR": str(workdir)}
     start = time.monotonic()
-    run = child_session(workdir, "--rank-timeout", "120", bodies=BODIES, env=env)
+    run = child_session(workdir, "--shardcheck-rank-timeout", "120", bodies=BODIES, env=env)
     return (*run, time.monotonic() - start, workdir)
 
 
@@ -27,7 +27,7 @@ def pool_run(tmp_path_factory):
 def thread_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("isolation-threads")
     env = {**os.environ, "SHARDCHECK_LEAK_DIR": str(workdir)}
-    return child_session(workdir, "--backend", "threaded", "-k", "changes_settings or restored or "
+    return child_session(workdir, "--shardcheck-backend", "threaded", "-k", "changes_settings or restored or "
                          "leaves_a_thread or 5b or leaves_a_file or 6b or joins_its", bodies=BODIES, env=env)
 
 

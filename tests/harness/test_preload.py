@@ -14,5 +14,5 @@ def test_ranks_have_the_preloaded_module(ctx):
 def test_ranks_inherit_the_preloaded_modules(pytester):
     pytester.makeini("[pytest]\nrank_preload =\n    tabnanny\n")
     pytester.makepyfile(test_preload_body=BODY)
-    result = pytester.runpytest_subprocess("--backend", "gloo", "-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("--shardcheck-backend", "gloo", "-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

@@ -20,7 +20,7 @@ import pytest
 
 from conformance.explore.config import to_json
 from conformance.explore.search import Limits, explore
-from harness.external import detect
+from harness.launcher import detect
 
 SEED = 0
 EXAMPLES = 24       # examples per cell (shrinking included): a few seconds per implementation
@@ -29,9 +29,9 @@ SHRINK = 8
 
 
 def limits(config) -> Limits:
-    """The cell's limits: the session's first backend, its --world-sizes (else 1 to 4)."""
-    backend = config.getoption("backend").split(",")[0].strip()
-    sizes = config.getoption("world_sizes")
+    """The cell's limits: the session's first backend, its --shardcheck-world-sizes (else 1 to 4)."""
+    backend = config.getoption("shardcheck_backend").split(",")[0].strip()
+    sizes = config.getoption("shardcheck_world_sizes")
     kept = tuple(int(s) for s in sizes.split(",")) if sizes else (1, 2, 3, 4)
     return Limits(max_examples=EXAMPLES, budget_s=BUDGET_S, shrink_examples=SHRINK, world_sizes=kept,
                   backend=backend)
