@@ -76,6 +76,7 @@ def _run(args, passthrough: list[str]) -> int:
     if problem:
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
         return 2
+    _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as `python -m` would
     argv = sorted(str(p) for f in families for p in CHECKS.rglob(f"test_{f}*.py"))
     argv += ["-p", "no:cacheprovider", f"--shardcheck-backend={args.backend}",
              f"--shardcheck-report={out}",  # one token: pytest never takes an existing report for a test path
@@ -113,6 +114,17 @@ def _run(args, passthrough: list[str]) -> int:
     if out.is_file() and out.stat().st_mtime_ns != before:
         print(f"shardcheck: report written to {out}")
     return progress.exit_code(code, args.min_coverage)
+
+
+def _importable_from_cwd() -> None:
+    """The working folder first on the import path, here and in pytest-xdist's workers (PYTHONPATH):
+    a console script, unlike `python -m`, does not put it there."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *filter(None, paths)])
 
 
 MAX_AUTO_WORKERS = 4

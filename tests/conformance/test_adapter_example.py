@@ -1,4 +1,4 @@
-"""The guide's worked example (docs/examples/allreduce_engine.py) is a working adapter: an engine that
+"""The guide's worked example (conformance/examples/allreduce_engine.py) is a working adapter: an engine that
 owns its step reaches the behaviour cells it declares and passes them; a broken copy of it fails."""
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = "docs.examples.allreduce_engine:AllReduceAdapter"
+EXAMPLE = "conformance.examples.allreduce_engine:AllReduceAdapter"
 
 
 def _run(impl: str, *extra: str):
@@ -23,7 +23,7 @@ def test_example_adapter_passes_what_it_declares():
 
 def test_example_adapter_that_forgets_to_average_fails(tmp_path):
     (tmp_path / "summing_engine.py").write_text(
-        "from docs.examples import allreduce_engine as e\n"
+        "from conformance.examples import allreduce_engine as e\n"
         "class Summing(e.AllReduceEngine):\n"
         "    def backward(self, loss):\n"
         "        loss.backward()\n"

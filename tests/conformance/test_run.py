@@ -283,6 +283,23 @@ def test_the_report_path_is_never_taken_for_a_test_path(tmp_path):
         assert {c["family"] for c in report["cells"]} == {"comm_hooks"} and len(report["cells"]) == 2
 
 
+def test_an_adapter_in_the_users_folder_is_found_by_the_console_script(tmp_path):
+    """`shardcheck run --impl mypkg.adapter:Engine` from the project's folder, as a wheel user runs it
+    (the console script, unlike `python -m`, does not put the working folder on the import path)."""
+    script = Path(sys.executable).with_name("shardcheck")
+    if not script.exists():
+        pytest.skip(f"no console script beside {sys.executable}")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "adapter.py").write_text(
+        "from conformance.adapters.reference import ReferenceAdapter\n\n"
+        "class Engine(ReferenceAdapter):\n    name = 'my-engine'\n")
+    proc = subprocess.run([str(script), "run", "--impl", "mypkg.adapter:Engine", "--family", "comm_hooks",
+                           *TWO_CELLS, "-o", "r.json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [i["name"] for i in reading.load(tmp_path / "r.json")["implementations"]] == ["my-engine"]
+
+
 def test_run_on_ranks_started_by_torchrun(tmp_path):
     """`--launcher torchrun`: the matrix runs on torchrun's ranks; rank 0 alone reports."""
     out = tmp_path / "r.json"

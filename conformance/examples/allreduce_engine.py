@@ -4,7 +4,7 @@
 own `backward` (which all-reduces gradients), clips inside `step` by a configured L2 norm, and keeps
 its parameters replicated. The adapter below maps a shardcheck `Recipe` onto it, in ~40 lines.
 
-    shardcheck run --impl docs.examples.allreduce_engine:AllReduceAdapter --family train_parity
+    shardcheck run --impl conformance.examples.allreduce_engine:AllReduceAdapter --family train_parity
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Worked examples that ship with the package: copy one to start an adapter of your own."""
