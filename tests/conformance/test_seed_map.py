@@ -8,7 +8,7 @@
   (``pytest --collect-only`` over conformance/checks, impl id removed; `*` is the only wildcard);
 * classes are from the vocabulary, every non-faithful entry says why;
 * ``python -m pytest tests/conformance/test_seed_map.py -s`` prints the counts per class per seed
-  (the README table).
+  (the table in docs/conformance.md).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def test_every_pattern_names_existing_cells(collected):
 
 
 def test_counts_per_class(capsys):
-    """Prints the README table: cases per class per seed."""
+    """Prints the table in docs/conformance.md: cases per class per seed."""
     counts = Counter((e["seed"], e["class"]) for e in _entries())
     accel = Counter(e["seed"] for e in _entries() if e.get("runs_on") == "accelerator")
     findings = Counter(e["seed"] for e in _entries() if e.get("finding"))
