@@ -1,6 +1,8 @@
 """The matrix as a self-contained HTML page (inline CSS; the chart an inline base64 PNG): the same
 content as conformance.report.matrix.markdown, with a chart of coverage beside conformance per
-implementation x layer, so a thin run cannot look green."""
+implementation x layer, so a thin run cannot look green; per family, a grid of cells x
+implementations coloured by outcome (the message or reason on hover); and, given several runs of an
+implementation, its trend."""
 
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ import html
 import io
 
 from conformance.report import coverage
-from conformance.report.matrix import FOLD, NOTE, describe, failing, header, known, merge, rate, rows, tabulate
+from conformance.report.matrix import (FOLD, NOTE, describe, failing, first_line, header, known, merge,
+                                       newest_last, rate, rows, tabulate)
+
+# The grid's mark and colour per outcome
+MARKS = {"passed": ("✓", "#c9ecc9"), "failed": ("✗", "#f4b4b4"), "error": ("E", "#f4b4b4"),
+         "xfailed": ("x", "#ffd9a8"), "xpassed": ("X", "#e0c4f0"), "unsupported": ("U", "#e4e4e4"),
+         "skipped": ("s", "#f4f4f4")}
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;color:#222}h1{font-size:1.4rem}h2{font-size:1.1rem}
@@ -18,6 +26,8 @@ padding:.35rem .6rem;text-align:left;vertical-align:top;font-size:.9rem}th{backg
 .full{background:#e3f6e3}.part{background:#fff4d6}.low{background:#fbe0e0}.na{color:#888}tr.all td,tr.all th{
 border-top:2px solid #888}code{font-size:.85rem}.note{color:#555;font-size:.85rem}.warn{color:#a00}img{max-width:100%}
 .finding{margin:1rem 0 1.5rem}.finding ul{margin:.3rem 0;font-size:.85rem}
+table.grid td{padding:0 .3rem;text-align:center;font-size:.8rem}table.grid th{font-size:.75rem;font-weight:normal}
+summary{cursor:pointer;margin:.3rem 0}
 """
 
 
@@ -70,6 +80,57 @@ def _known_html(groups: list[dict]) -> str:
     return "".join(parts)
 
 
+def grid_html(cells: dict, columns: list[str]) -> str:
+    """Per family, a folded table: a row per cell, a column per implementation, each square marked
+    and coloured by its outcome, with the outcome and the failure's first line (or the reason it
+    was not reached) on hover."""
+    e = html.escape
+    by_family: dict[str, dict[str, dict[str, dict]]] = {}
+    for (column, cid), cell in cells.items():
+        by_family.setdefault(cell["family"], {}).setdefault(cid, {})[column] = cell
+    parts = []
+    head = "".join(f"<th>{e(c)}</th>" for c in columns)
+    for family in sorted(by_family):
+        body = []
+        for cid in sorted(by_family[family]):
+            tds = []
+            for column in columns:
+                cell = by_family[family][cid].get(column)
+                if cell is None:
+                    tds.append("<td></td>")
+                    continue
+                mark, colour = MARKS.get(cell["outcome"], ("?", "#fff"))
+                why = first_line(cell.get("message") or "")
+                tip = f"{column}: {cell['outcome']}" + (f": {why}" if why else "")
+                tds.append(f'<td style="background:{colour}" title="{e(tip)}">{mark}</td>')
+            body.append(f"<tr><th><code>{e(cid)}</code></th>{''.join(tds)}</tr>")
+        parts.append(f"<details><summary>{e(family)} ({len(body)} cells)</summary><table class=\"grid\">"
+                     f"<thead><tr><th>cell</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></details>")
+    return "".join(parts)
+
+
+def trend_html(reports: list[dict]) -> str:
+    """Each implementation's coverage and conformance in every report that has it, oldest first:
+    shown when some implementation was run more than once."""
+    e = html.escape
+    runs = newest_last(reports)
+    tallies = [coverage.by_impl(report["cells"]) for report in runs]
+    impls = sorted({impl for tally in tallies for impl in tally})
+    if not any(sum(impl in tally for tally in tallies) > 1 for impl in impls):
+        return "<p>One run per implementation: no trend.</p>"
+    head = "".join(f"<th>{e((r.get('started') or '?')[:16])}</th>" for r in runs)
+    body = []
+    for impl in impls:
+        tds = []
+        for tally in tallies:
+            t = tally.get(impl, {}).get(coverage.ALL)
+            tds.append("<td>–</td>" if t is None else
+                       f'<td class="rate {_css_class(t["conformance"])}"><b>{coverage.show(t["conformance"])}</b> '
+                       f'of {coverage.show(t["coverage"])} reached</td>')
+        body.append(f"<tr><th>{e(impl)}</th>{''.join(tds)}</tr>")
+    return f'<table class="trend"><thead><tr><th>implementation</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
 def html_page(reports: list[dict]) -> str:
     cells = merge(reports)
     families, columns, counts = tabulate(cells)
@@ -116,6 +177,12 @@ def html_page(reports: list[dict]) -> str:
 {chart}
 <h2>By family</h2>
 <table class="matrix"><thead><tr><th>family</th>{head}</tr></thead><tbody>{"".join(family_rows)}</tbody></table>
+<h2>Every cell</h2>
+<p class="note">Per family, a cell per row and an implementation per column: ✓ passed, ✗ failed, E error,
+x known failure, X unexpectedly passed, U unsupported, s skipped; hover for the message or the reason.</p>
+{grid_html(cells, columns)}
+<h2>Trend</h2>
+{trend_html(reports)}
 <h2>Known failures ({sum(len(g["cells"]) for g in groups)} cells, {len(groups)} findings)</h2>
 {_known_html(groups)}
 <h2>Failing cells ({len(fails)})</h2>

@@ -18,6 +18,7 @@ import warm_python
 from conformance.cli import main as cli
 from conformance.protocol.outcomes import OUTCOMES
 from conformance.report import coverage, diff, matrix, reading
+from conformance.report.page import html_page
 from conformance.report import writer as reporting
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,12 +257,28 @@ class _Page(HTMLParser):
             self.images.append(dict(attrs))
 
 
+def test_the_grid_marks_every_cell_and_the_trend_follows_runs_in_time(tmp_path):
+    old = _report([_cell("a", "test_c0", "failed", message="E   AssertionError: step 0 loss"),
+                   _cell("a", "test_c1", "passed")], day=1)
+    new = _report([_cell("a", "test_c0", "passed"), _cell("a", "test_c1", "unsupported",
+                                                           message="a does not declare full_shard")], day=2)
+    text = html_page([reading.upgrade(new), reading.upgrade(old)])
+    grid = text[text.index('<table class="grid">'):]
+    assert grid.count("<tr><th><code>") == 2
+    # c0: the newer run's pass over the older failure; c1: the older pass over the newer unsupported
+    assert grid.split("</table>")[0].count('title="a: passed">✓</td>') == 2
+    trend = text[text.index('<table class="trend">'):].split("</table>")[0]
+    assert trend.index("2026-01-01") < trend.index("2026-01-02")  # oldest first, whatever the order given
+    assert "<b>50.0%</b> of 100.0% reached" in trend and "<b>100.0%</b> of 50.0% reached" in trend
+
+
 def test_matrix_html_is_self_contained_with_table_and_chart(tmp_path):
     out = tmp_path / "m" / "matrix.html"
     assert cli.main(["matrix", *_two_runs(tmp_path), "--html", str(out)]) == 0
     page = _Page()
     page.feed(out.read_text())
-    assert page.tags.count("table") == 3 and "style" in page.tags  # impls, families, failing; inline CSS
+    # impls, families, the cell grid of each family (clip_grad), the trend, failing; inline CSS
+    assert page.tags.count("table") == 5 and "style" in page.tags
     assert "link" not in page.tags and "script" not in page.tags  # nothing fetched
     [img] = page.images
     assert img["src"].startswith("data:image/png;base64,")
