@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 
 COLUMNS = ("case", "impl", "outcome", "duration_s", "phase", "text", "ranks", "max_abs_err", "max_rel_err",
-           "tolerances", "expectation", "nodeid")
+           "tolerances", "expectation", "nodeid", "max_margin")  # version 3's rows stop before max_margin
 DEFAULTS = {"phase": "call", "text": "", "ranks": {}, "max_abs_err": None, "max_rel_err": None,
-            "tolerances": [], "expectation": None, "nodeid": None}
+            "tolerances": [], "expectation": None, "nodeid": None, "max_margin": None}
+LARGEST = 1.7976931348623157e308  # the margin of a NaN or infinity on one side only (JSON has no inf)
 RANK_OUTCOME = {"passed": "passed", "xpassed": "passed", "failed": "failed", "error": "failed",
                 "xfailed": "failed", "skipped": "skipped", "unsupported": "skipped"}  # what its ranks said
 WIDTH = 120  # a list or object whose JSON fits in this many characters is written on one line
@@ -51,6 +52,14 @@ def ungroup_ranks(grouped, outcome: str) -> dict:
 def _significant(value):
     """A measured error to 4 significant digits (the stream keeps it whole)."""
     return float(f"{value:.4g}") if isinstance(value, float) else value
+
+
+def _margin(value):
+    """A cell's worst margin to 4 significant digits, never past the largest float (an infinite
+    margin is written as LARGEST)."""
+    if value is None:
+        return None
+    return min(float(f"{value:.4g}"), LARGEST) if value < LARGEST else LARGEST
 
 
 def _split(nodeid: str) -> tuple[str, str | None]:
@@ -123,6 +132,7 @@ def encode(cells: list[dict], implementations: list[dict], split=lambda text: [t
             "tolerances": tolerances.add(cell["tolerances"]) if cell["tolerances"] else [],
             "expectation": expectations.add(cell["expectation"]) if cell["expectation"] is not None else None,
             "nodeid": None if _join(test_id, impl_id, case_id) == cell["nodeid"] else cell["nodeid"],
+            "max_margin": _margin(cell.get("max_margin")),
         }
         row = [None if c in DEFAULTS and values[c] == DEFAULTS[c] else values[c] for c in COLUMNS]
         while row[-1] is None:
@@ -156,6 +166,7 @@ def decode(report: dict) -> list[dict]:
             "max_abs_err": values["max_abs_err"], "max_rel_err": values["max_rel_err"],
             "tolerances": report["tolerances"][tol] if isinstance(tol, int) else [],
             "expectation": report["expectations"][exp] if exp is not None else None,
+            "max_margin": values["max_margin"],
         })
     return cells
 

@@ -1,5 +1,6 @@
 """Reading conformance reports of every version this shardcheck reads (READS): validation against
-their schema (version 3: schema.json; versions 1 and 2: schema-v2.json, version 1 upgraded first),
+their schema (version 4: schema.json; version 3: schema-v3.json; versions 1 and 2: schema-v2.json,
+version 1 upgraded first),
 and `load`, which gives every version the same shape: full cells (version 2's) under `cells`.
 
 Version 2 added, per cell, `layer` (behaviour / api, from conformance.checks.LAYERS) and the
@@ -21,9 +22,10 @@ import jsonschema
 from conformance.report import compact, coverage
 
 SCHEMA = Path(__file__).with_name("schema.json")  # the version the writer writes
-SCHEMAS = {3: SCHEMA, 2: SCHEMA.with_name("schema-v2.json")}  # version 1 is read as version 2
-SCHEMA_VERSION = 3
-READS = (1, 2, 3)
+# version 4 = version 3 with a cell's worst margin as a last row column; version 1 is read as version 2
+SCHEMAS = {4: SCHEMA, 3: SCHEMA.with_name("schema-v3.json"), 2: SCHEMA.with_name("schema-v2.json")}
+SCHEMA_VERSION = 4
+READS = (1, 2, 3, 4)
 
 
 class ReportError(Exception):
@@ -95,15 +97,15 @@ def validate(report) -> str | None:
                 f"{', '.join(map(str, READS))}")
     error = jsonschema.exceptions.best_match(_validator(max(version, 2)).iter_errors(upgrade(report)))
     if error is None:
-        return _references(report) if version == 3 else None
+        return _references(report) if version >= 3 else None
     message = " ".join(error.message.split())
     return f"{error.json_path}: {message[:200] + '...' if len(message) > 200 else message}"
 
 
 def expand(report: dict) -> dict:
     """A valid report of any version with full cells (version 2's shape) under `cells`; a version 3
-    report keeps its `full_text` and drops its tables."""
-    if report["schema_version"] != 3:
+    or 4 report keeps its `full_text` and drops its tables."""
+    if report["schema_version"] < 3:
         return upgrade(report)
     tables = ("tests", "cases", "texts", "expectations", "tolerances", "cell_columns")
     return {**{k: v for k, v in report.items() if k not in tables}, "cells": compact.decode(report)}

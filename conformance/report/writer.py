@@ -62,6 +62,14 @@ def _jsonable(value):
     return getattr(value, "name", None) or str(value)
 
 
+def _margin(errors: list[dict]) -> float | None:
+    """The largest share of its tolerance any comparison of the cell used (compare.assert_close's
+    `margin`), as JSON holds it: a number (an infinite one, a NaN on one side only, as the largest
+    float), or None when no comparison recorded one."""
+    worst = _largest(e.get("margin") for e in errors)
+    return None if worst is None else min(worst, compact.LARGEST) if not math.isnan(worst) else compact.LARGEST
+
+
 def _largest(values) -> float | None:
     """The largest measured error over every rank's comparisons; NaN wins (max() would drop a NaN
     that is not first); None when nothing was compared."""
@@ -214,6 +222,7 @@ class ReportWriter:
             "rank_outcomes": _jsonable(props.get("rank_outcomes", {})),
             "max_abs_err": _jsonable(_largest(e["max_abs"] for e in errors)),
             "max_rel_err": _jsonable(_largest(e["max_rel"] for e in errors)),
+            "max_margin": _margin(errors),
             "tolerances": sorted({(e["rtol"], e["atol"]) for e in errors if e["rtol"] is not None}),
             "expectation": _jsonable(props.get("expectation")),
         }

@@ -1,6 +1,7 @@
 """Measured errors: a mismatch message states the largest absolute and relative error and the worst
 parameter; the comparison is recorded also when it fails; the report cell takes the largest error
-over every rank's records (failed ranks included), a NaN winning and written as "nan"."""
+over every rank's records (failed ranks included), a NaN winning and written as "nan"; the
+margin, the share of the tolerance the worst value used, as a JSON number."""
 
 from __future__ import annotations
 
@@ -66,3 +67,33 @@ def test_report_cell_takes_every_ranks_records_nan_first(tmp_path):
     report = {"schema_version": 2, "cells": [cell]}
     problem = reading.validate(report)
     assert problem is None or not problem.startswith("$.cells"), problem
+
+
+@pytest.mark.parametrize("actual, expected, margin", [
+    ([1.0, 2.0], [1.0, 2.0], 0.0),
+    ([1.0 + 2 ** -18], [1.0], 2 ** -18 / (1e-5 + 1.3e-6)),  # within: less than 1 (exact in float32)
+    ([1.5], [1.0], 0.5 / (1e-5 + 1.3e-6)),          # beyond: more than 1
+    ([math.nan, math.inf], [math.nan, math.inf], 0.0),  # NaN against NaN, equal infinities: none used
+    ([math.nan], [1.0], math.inf), ([math.inf], [-math.inf], math.inf), ([1.0], [math.inf], math.inf),
+])
+def test_the_margin_is_the_share_of_the_tolerance_the_worst_value_used(actual, expected, margin):
+    ctx = _Ctx()
+    try:
+        assert_close(ctx, torch.tensor(actual), torch.tensor(expected), "x")
+    except AssertionError:
+        assert margin > 1
+    assert ctx.records[0][1]["margin"] == pytest.approx(margin, rel=1e-6)
+
+
+def test_the_report_keeps_the_worst_margin_as_a_json_number(tmp_path):
+    writer = reporting.ReportWriter(None, tmp_path / "r.json")
+    for name, margins in (("finite", [0.25, 0.5]), ("infinite", [0.25, math.inf]), ("none", [])):
+        rep = pytest.TestReport(f"conformance/checks/api/test_clip_grad.py::test_{name}[ref-ws2]", ("f", 0, "x"),
+                                {}, "passed", None, "call")
+        rep.user_properties = [("error", {r: [{"what": "a", "max_abs": 0.0, "max_rel": 0.0, "margin": m,
+                                               "rtol": 1e-6, "atol": 1e-5}] for r, m in enumerate(margins)})]
+        writer.pytest_runtest_logreport(rep)
+    writer.stream.close()
+    cells = [json.loads(line) for line in writer.lines.read_text().splitlines()]
+    assert [c["max_margin"] for c in cells] == [0.5, 1.7976931348623157e308, None]
+    assert all(reading.cell_problem({k: v for k, v in c.items() if k != "kind"}) is None for c in cells)

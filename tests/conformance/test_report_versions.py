@@ -35,7 +35,7 @@ def _cell(nodeid, impl="fsdp", outcome="passed", **fields):
             "check": nodeid.split("::")[-1].split("[")[0], "impl": impl, "world_size": 2,
             "params": {"world_size": 2, "strategy": "FULL_SHARD"}, "duration_s": 0.25, "message": "",
             "rank_outcomes": {"0": "passed", "1": "passed"}, "max_abs_err": None, "max_rel_err": None,
-            "tolerances": [], "expectation": None, **fields}
+            "tolerances": [], "expectation": None, "max_margin": None, **fields}
 
 
 def test_trim_groups_ranks_that_said_the_same_and_keeps_the_frames_a_reader_needs():
@@ -66,7 +66,7 @@ def test_trim_bounds_blocks_and_lines_and_leaves_other_texts_alone():
 def test_rows_give_back_the_cells():
     cells = [
         _cell("d/test_f.py::test_x[fsdp-ws2-FULL_SHARD]", max_abs_err=3.0517578125e-05, max_rel_err=0.0,
-              tolerances=[[1.3e-06, 1e-05]]),
+              tolerances=[[1.3e-06, 1e-05]], max_margin=0.123456),
         _cell("d/test_f.py::test_x[pkg.mod:FSDP-ws2-FULL_SHARD]", outcome="xfailed", message=texts.trim(MESSAGE),
               rank_outcomes={"0": "failed", "1": "passed", "2": "failed"},
               expectation={"reason": "why", "repro": "r.py", "finding": "F1"}),
@@ -77,13 +77,13 @@ def test_rows_give_back_the_cells():
     ]
     encoded = compact.encode(cells, IMPLS, texts.pieces)
     rows = encoded["cells"]
-    assert rows[0] == [0, 0, "passed", 0.25, None, None, 2, 3.052e-05, 0.0, 0]
+    assert rows[0] == [0, 0, "passed", 0.25, None, None, 2, 3.052e-05, 0.0, 0, None, None, 0.1235]
     assert rows[1][:3] == [0, 1, "xfailed"] and rows[1][6] == {"0,2": "failed", "1": "passed"}
     assert rows[2][-1] == "d/test_f.py::test_x[ws2-FULL_SHARD-fsdp]"  # not spelled [<impl id>-<case>]
     assert len(encoded["cases"]) == 4 and encoded["cases"][0] == [0, "ws2-FULL_SHARD", 2, "FULL_SHARD"]
     report = {"implementations": IMPLS, **encoded}
     expected = copy.deepcopy(cells)
-    expected[0]["max_abs_err"] = 3.052e-05  # to 4 significant digits
+    expected[0]["max_abs_err"], expected[0]["max_margin"] = 3.052e-05, 0.1235  # to 4 significant digits
     assert compact.decode(report) == expected
 
 
@@ -113,7 +113,7 @@ def test_writing_a_report_puts_a_row_on_a_line(tmp_path):
     report = _v3([_cell(f"d/test_f.py::test_x[fsdp-ws{n}-FULL_SHARD]") for n in range(1, 12)])
     reporting.write(report, tmp_path / "r.json")
     lines = (tmp_path / "r.json").read_text().splitlines()
-    assert lines[0] == "{" and lines[1] == '"schema_version": 3,' and ' [0,0,"passed",0.25,null,null,2],' in lines
+    assert lines[0] == "{" and lines[1] == '"schema_version": 4,' and ' [0,0,"passed",0.25,null,null,2],' in lines
     assert json.loads((tmp_path / "r.json").read_text()) == report
 
 
@@ -124,7 +124,7 @@ def test_the_committed_report_as_version_3_is_a_tenth_of_version_2_and_shows_the
 
     out = tmp_path / "cpu-gloo.json"
     assert cli.main(["report", "upgrade", str(COMMITTED), "-o", str(out)]) == 0
-    assert "written as version 3" in capsys.readouterr().out
+    assert "written as version 4" in capsys.readouterr().out
     old, new = reading.load(COMMITTED), reading.load(out)
     if old["schema_version"] < 3:
         assert out.stat().st_size <= COMMITTED.stat().st_size / 10

@@ -8,14 +8,10 @@ import math
 import torch
 
 from conformance.checks.support.tensors import full_value
+from conformance.checks.support.tolerances import BY_DTYPE
 
-# torch.testing's defaults, named here so every check and every report states what it used.
-TOLERANCES = {  # dtype: (rtol, atol)
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-}
+# torch.testing's defaults, named so every check and every report states what it used.
+TOLERANCES = {getattr(torch, name): pair for name, pair in BY_DTYPE.items()}  # dtype: (rtol, atol)
 
 
 def _worse(recorded: float, new: float) -> float:
@@ -34,8 +30,10 @@ def _flat(x):
 def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = None) -> None:
     """Assert `actual` matches `expected` (tensors, or dicts/lists of them; None must match None)
     within the tolerance of `dtype` (default: the expected tensors' dtype), and record
-    {what, max_abs, max_rel, rtol, atol} with `ctx.record("error", ...)`, also when it fails. The
-    failure message states the largest absolute and relative errors and where they are.
+    {what, max_abs, max_rel, margin, rtol, atol} with `ctx.record("error", ...)`, also when it fails.
+    The failure message states the largest absolute and relative errors and where they are.
+    `margin` is how much of the tolerance was used: max |a - e| / (atol + rtol * |e|), at most 1
+    when everything matched (NaN against NaN is 0; a NaN or infinity on one side only, infinite).
 
     A value matches when ``|a - e| <= atol + rtol * |e|`` elementwise, NaN matching NaN (exactly
     torch.testing.assert_close's test, which words the message of a value that does not). The
@@ -59,7 +57,7 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
             failures.append(f"{key}: shape {tuple(a64.shape)} != {tuple(e64.shape)}")
             continue
         by_tolerance.setdefault((rtol, atol), []).append((key, a64, e64))
-    max_abs = max_rel = 0.0
+    max_abs = max_rel = margin = 0.0
     worst_abs = worst_rel = None
     for (rt, at), pairs in by_tolerance.items():
         keys = [k for k, _, _ in pairs]
@@ -74,17 +72,28 @@ def assert_close(ctx, actual, expected, what: str, dtype: torch.dtype | None = N
                 max_abs, worst_abs = _worse(max_abs, abs_err), abs_key
             if worst_rel is None or _worse(max_rel, rel_err) is rel_err:
                 max_rel, worst_rel = _worse(max_rel, rel_err), rel_key
+            margin = max(margin, _margin(a, e, rt, at))
         close = torch.isclose(a, e, rtol=rt, atol=at, equal_nan=True)
         if not bool(close.all()):
             for (key, a64, e64), ok in zip(pairs, close.split(sizes)):
                 if not bool(ok.all()):
                     failures.append(_mismatch(key, a64, e64, rt, at))
-    ctx.record("error", {"what": what, "max_abs": max_abs, "max_rel": max_rel, "rtol": rtol, "atol": atol})
+    ctx.record("error", {"what": what, "max_abs": max_abs, "max_rel": max_rel, "margin": margin,
+                         "rtol": rtol, "atol": atol})
     if failures:
         raise AssertionError(
             f"{what}: {len(failures)} mismatch(es) beyond rtol={rtol} atol={atol}; max abs error {max_abs:.3g}"
             f" (at {_name(worst_abs)}), max rel error {max_rel:.3g} (at {_name(worst_rel)}):\n  "
             + "\n  ".join(failures[:10]))
+
+
+def _margin(a: torch.Tensor, e: torch.Tensor, rtol: float, atol: float) -> float:
+    """max |a - e| / (atol + rtol * |e|): the share of the tolerance used by the worst value (<= 1:
+    within it). Equal values (infinities of one sign, NaN against NaN) use none; a NaN or an
+    infinity on one side only, all of it and more (infinite)."""
+    same = (a == e) | (a.isnan() & e.isnan())
+    used = ((a - e).abs() / (atol + rtol * e.abs())).masked_fill(same, 0.0)
+    return float(used.nan_to_num(nan=math.inf).max())
 
 
 def _largest(err: torch.Tensor, keys: list, sizes: list[int]) -> tuple[float, object]:
