@@ -10,6 +10,9 @@ import base64
 import html
 import io
 
+import math
+
+from conformance.checks.support.tolerances import dtype_of
 from conformance.report import coverage
 from conformance.report.matrix import (FOLD, NOTE, describe, failing, first_line, header, known, merge,
                                        newest_last, rate, rows, tabulate)
@@ -109,6 +112,46 @@ def grid_html(cells: dict, columns: list[str]) -> str:
     return "".join(parts)
 
 
+STRIP_DECADES = (-6, 2)  # a strip's height spans margins 1e-6 to 1e2, on a log scale
+
+
+def margin_strips_html(cells: dict, columns: list[str]) -> str:
+    """Per implementation x dtype, every compared cell's worst margin (max |a-b| / (atol + rtol*|b|);
+    1 is the tolerance) as a bar of an inline SVG strip, smallest first, on a log scale from 1e-6
+    to 1e2: how close to its tolerance an implementation runs, not only whether it passed."""
+    e = html.escape
+    groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    for (column, cid), cell in cells.items():
+        if cell.get("max_margin") is not None:
+            groups.setdefault((column, dtype_of(cell["tolerances"])), []).append((cell["max_margin"], cid))
+    if not groups:
+        return "<p>No report here records margins (version 4 reports do).</p>"
+    low, high = STRIP_DECADES
+    height = 32
+
+    def y(margin: float) -> float:
+        level = (math.log10(margin) if margin > 0 else low) if margin < 10.0 ** high else high
+        return height * (1 - (min(max(level, low), high) - low) / (high - low))
+
+    body = []
+    for column in columns:
+        for dtype in sorted({d for c, d in groups if c == column}):
+            margins = sorted(groups[(column, dtype)])
+            bars = "".join(f'<rect x="{2 * i}" y="{y(m):.1f}" width="2" height="{height - y(m):.1f}" '
+                           f'fill="{"#c33" if m > 1 else "#393"}"><title>{e(cid)}: {m:.3g}</title></rect>'
+                           for i, (m, cid) in enumerate(margins))
+            width = max(2 * len(margins), 40)
+            svg = (f'<svg width="{width}" height="{height}" role="img" aria-label="margins">{bars}'
+                   f'<line x1="0" x2="{width}" y1="{y(1.0):.1f}" y2="{y(1.0):.1f}" stroke="#888" '
+                   f'stroke-dasharray="3,2"/></svg>')
+            worst = margins[-1][0]
+            body.append(f"<tr><th>{e(column)}</th><td>{e(dtype)}</td><td>{len(margins)}</td>"
+                        f'<td class="{"low" if worst > 1 else "full"}">{worst:.3g}</td><td>{svg}</td></tr>')
+    return ('<table class="strips"><thead><tr><th>implementation</th><th>dtype</th><th>cells</th>'
+            f'<th>worst margin</th><th>every cell, smallest first (dashed: the tolerance)</th></tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
 def trend_html(reports: list[dict]) -> str:
     """Each implementation's coverage and conformance in every report that has it, oldest first:
     shown when some implementation was run more than once."""
@@ -181,6 +224,10 @@ def html_page(reports: list[dict]) -> str:
 <p class="note">Per family, a cell per row and an implementation per column: ✓ passed, ✗ failed, E error,
 x known failure, X unexpectedly passed, U unsupported, s skipped; hover for the message or the reason.</p>
 {grid_html(cells, columns)}
+<h2>Margins</h2>
+<p class="note">How much of its tolerance each cell used: max |a - b| / (atol + rtol * |b|) over its
+comparisons, 1 being the tolerance (hover a bar for the cell).</p>
+{margin_strips_html(cells, columns)}
 <h2>Trend</h2>
 {trend_html(reports)}
 <h2>Known failures ({sum(len(g["cells"]) for g in groups)} cells, {len(groups)} findings)</h2>

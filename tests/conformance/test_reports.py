@@ -278,6 +278,18 @@ def test_the_grid_marks_every_cell_and_the_trend_follows_runs_in_time(tmp_path):
     assert "<b>50.0%</b> of 100.0% reached" in trend and "<b>100.0%</b> of 50.0% reached" in trend
 
 
+def test_margin_strips_show_each_implementation_and_dtype_worst_first_in_red():
+    cells = [_cell("a", f"test_c{i}", "passed") for i in range(3)] + [_cell("b", "test_c0", "failed")]
+    for cell, margin, tolerance in zip(cells, (0.5, 2.0, None, 0.01), ([1.3e-06, 1e-05], [1e-3, 1e-5]) * 2):
+        cell["max_margin"], cell["tolerances"] = margin, [tolerance]
+    text = html_page([reading.upgrade(_report(cells))])
+    strips = text[text.index('<table class="strips">'):].split("</table>")[0]
+    rows = [row.split("</th>")[0].rsplit(">", 1)[-1] + " " + row.split("<td>")[1].split("<")[0]
+            for row in strips.split("<tr>")[2:]]
+    assert rows == ["a float16", "a float32", "b float16"]  # c2 compared nothing: no bar
+    assert '<td class="low">2</td>' in strips and 'fill="#c33"><title>test_clip_grad.py::test_c1' in strips
+
+
 def test_matrix_html_is_self_contained_with_table_and_chart(tmp_path):
     out = tmp_path / "m" / "matrix.html"
     assert cli.main(["matrix", *_two_runs(tmp_path), "--html", str(out)]) == 0
