@@ -18,6 +18,7 @@ Where each concern lives:
     pool.py        rank processes reused test after test until one fails (pool and spawn modes); preload
     worker.py      the main loop of one rank process
     isolation.py   what a test may leave behind in a rank process: restored, or refused
+    ledger.py      collectives counted per process group on each rank; those not every rank issued
     threads.py     thread mode: torch's threaded process group
     launcher.py    which launcher (torchrun, srun) started this process, from the environment
     external.py    ranks started by torchrun or srun

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from harness.context import RankContext
 from harness.devices import device_for
 from harness.launcher import LaunchEnv
-from harness.isolation import Baseline, CollectiveLedger, Settings, blame_unmatched, settle
+from harness.isolation import Baseline, Settings, settle
+from harness.ledger import CollectiveLedger, blame_unmatched
 from harness.task import RankResult, Task, execute, reset_process_state
 from harness.waiting import wait_for_ranks
 
@@ -34,7 +35,8 @@ class ExternalWorld:
         self.control = dist.new_group(backend="gloo", timeout=timeout)
         self.groups: dict[int, object] = {}
         self.meshes: dict = {}
-        self.settings, self.before, self.ledger = Settings.capture(), Baseline.take(), CollectiveLedger()
+        self.ledger = CollectiveLedger()  # its wrappers are part of the baseline
+        self.settings, self.before = Settings.capture(), Baseline.take()
 
     def _group(self, world_size: int):
         if world_size == self.launch.world_size:

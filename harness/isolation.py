@@ -11,26 +11,21 @@ find the process as the first one did. After every body, on every rank:
 * **refused** (`leftovers`, `unmatched`): what cannot be undone from outside and would change
   the next test. The test that left it fails with one line saying what, and its ranks are retired
   (the next test starts on fresh ones): a thread or child process it started that is still
-  running, a regular file it opened and left open, a pending timer (signal.alarm), inference mode
+  running, a regular file it opened and left open, a pending timer (signal.alarm), a function of
+  torch.distributed or torch.nn.functional replaced (a monkeypatch left behind), inference mode
   left on, the default process group destroyed or
   replaced, and collectives that were not issued on every rank of their group.
 
-Unmatched collectives are found by counting, not by waiting: every rank reports how many
-collectives it issued on each of its process groups (the group's own sequence number, which every
-collective and point-to-point operation advances, less the point-to-point operations it issued,
-counted at `ProcessGroup.send`/`recv`). Counts that differ between the ranks of one group mean a
-collective that some rank is still waiting on, or that the next test's first collective would be
-matched against; the test that returned fails at once.
+Unmatched collectives are found by counting, not by waiting (harness.ledger): each rank hands the
+parent its count of collectives per group, and the parent compares them.
 
-Not covered (no generic way back): a module-level monkeypatch, a module imported, state inside a C
-library. A test that needs such changes runs in fresh processes (`--shardcheck-launch spawn`).
+Not covered (no generic way back): a monkeypatch of any other module, a module imported, state
+inside a C library. A test that needs such changes runs in fresh processes (`--shardcheck-launch spawn`).
 """
 
 from __future__ import annotations
 
-import collections
-import functools
-import inspect
+import operator
 import os
 import signal
 import stat
@@ -44,16 +39,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-THREAD_GRACE_S = 0.2  # how long threads a body started get to end after it returned
+from harness.ledger import CollectiveLedger
 
-# The Python collective API, by the name a message shows (the outermost call only: all_gather_object
-# is one call, not the all_gathers inside it).
-COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_single",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
-    "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
-    "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
-)
+THREAD_GRACE_S = 0.2  # how long threads a body started get to end after it returned
+# Modules whose functions a test may monkeypatch and forget (a collective wrapped for counting, say):
+# a replaced attribute is refused, since no generic undo exists. (torch's own namespace, 1,500 names,
+# would cost 20 us a test; these cost 8.)
+WATCHED_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.nn.functional")
+
 
 
 @dataclass
@@ -175,6 +168,12 @@ def _children() -> set[int]:
         return set()
 
 
+def _functions(module) -> tuple[tuple[str, ...], tuple]:
+    """(names, objects) of a module's public callables (functions, classes), as now."""
+    names = tuple(n for n, v in vars(module).items() if not n.startswith("_") and callable(v))
+    return names, operator.itemgetter(*names)(vars(module))
+
+
 @dataclass
 class Baseline:
     """What the process held before its first test: its threads, file descriptors, child processes
@@ -186,12 +185,29 @@ class Baseline:
     children: set[int] = field(default_factory=set)
     default_group: Any = None
     lowest_free: int = -1
+    namespaces: dict[str, tuple] = field(default_factory=dict)  # WATCHED_MODULES' functions (`_functions`)
 
     @classmethod
     def take(cls) -> "Baseline":
         held = {fd for fd in _descriptors() if _is_open(fd)}
         return cls({t.ident for t in threading.enumerate()}, held, _children(),
-                   dist.group.WORLD if dist.is_initialized() else None, _lowest_free(held))
+                   dist.group.WORLD if dist.is_initialized() else None, _lowest_free(held),
+                   {name: _functions(sys.modules[name]) for name in WATCHED_MODULES if name in sys.modules})
+
+    def replaced(self) -> list[str]:
+        """The public functions and classes of WATCHED_MODULES bound to another object since (a
+        monkeypatch left behind); a module's state variables may change, and are not looked at."""
+        found = []
+        for name, (names, values) in self.namespaces.items():
+            namespace = vars(sys.modules[name])
+            try:
+                if operator.itemgetter(*names)(namespace) == values:  # one comparison in C: the usual case
+                    continue
+            except KeyError:
+                pass  # one was deleted
+            found += [f"{name}.{attr}" for attr, value in zip(names, values) if namespace.get(attr) is not value]
+        return found
+
 
     def new_files(self) -> dict[int, str]:
         """{fd: path} of the regular files opened since. A descriptor opened and left open takes the
@@ -230,6 +246,11 @@ def leftovers(before: Baseline, ignore_threads=()) -> list[str]:
                      f"(pid {', '.join(map(str, sorted(children)))}): wait for it")
     if hasattr(signal, "getitimer") and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         found.append("a timer pending (signal.alarm or setitimer): cancel it")
+    replaced = before.replaced()
+    if replaced:
+        found.append(f"{', '.join(replaced)} replaced (a module-level monkeypatch): restore "
+                     f"{'them' if len(replaced) > 1 else 'it'} before returning (unittest.mock.patch as a "
+                     f"context manager does), or run such a test in fresh processes (--shardcheck-launch spawn)")
     if torch.is_inference_mode_enabled():
         found.append("inference mode on: leave torch.inference_mode() before returning")
     if before.default_group is not None and (not dist.is_initialized() or dist.group.WORLD is not before.default_group):
@@ -246,130 +267,10 @@ def refuse(result, left: list[str]) -> None:
                           " (the next test would inherit it; these ranks are retired)")
 
 
-def settle(result, before: Baseline, settings: Settings, ledger: "CollectiveLedger | None") -> None:
+def settle(result, before: Baseline, settings: Settings, ledger: CollectiveLedger | None) -> None:
     """After a body, on its rank: fail it for what it left behind, hand the parent this rank's
     collective counts (compared across ranks by `unmatched`), and set the settings back."""
     refuse(result, leftovers(before))
     if ledger is not None:
         result.collectives = {"counts": ledger.counts(), "issued": ledger.take_issued()}
     settings.restore()
-
-
-# -- collectives ---------------------------------------------------------------------------------
-
-class CollectiveLedger:
-    """Counts, on this rank, the collectives issued on each process group (see the module doc).
-
-    `counts()` is {group: collectives issued since the process started}, the group named by its
-    name and ranks; `issued` names them by kind, for this test only (the Python API's calls; a
-    collective issued below it, such as a functional collective, is counted but has no name)."""
-
-    def __init__(self) -> None:
-        self.p2p: collections.Counter = collections.Counter()
-        self.issued: collections.Counter = collections.Counter()
-        self._depth = threading.local()
-        self._ranks: dict[Any, str] = {}
-        self._install()
-
-    def _key(self, group) -> str:
-        if group not in self._ranks:
-            ranks = ", ".join(map(str, dist.get_process_group_ranks(group)))
-            self._ranks[group] = f"{group.group_name} (ranks {ranks})"
-        return self._ranks[group]
-
-    def _install(self) -> None:
-        process_group = torch._C._distributed_c10d.ProcessGroup
-        for method in ("send", "recv", "recv_anysource"):
-            setattr(process_group, method, self._counting_p2p(getattr(process_group, method)))
-        c10d = dist.distributed_c10d
-        for name in COLLECTIVES:
-            if hasattr(c10d, name):
-                wrapped = self._naming(name, getattr(c10d, name))
-                setattr(c10d, name, wrapped)
-                if getattr(dist, name, None) is not None:
-                    setattr(dist, name, wrapped)
-
-    def _counting_p2p(self, method):
-        def p2p(group, *args, **kwargs):
-            self.p2p[self._key(group)] += 1
-            return method(group, *args, **kwargs)
-        return p2p
-
-    def _naming(self, name: str, fn):
-        params = list(inspect.signature(fn).parameters)
-        at = params.index("group") if "group" in params else None
-
-        @functools.wraps(fn)
-        def collective(*args, **kwargs):
-            if not getattr(self._depth, "n", 0):  # the outermost call names the collective
-                group = kwargs.get("group", args[at] if at is not None and len(args) > at else None)
-                group = dist.group.WORLD if group is None else group
-                if isinstance(group, torch._C._distributed_c10d.ProcessGroup):
-                    self.issued[(self._key(group), name)] += 1
-            self._depth.n = getattr(self._depth, "n", 0) + 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._depth.n -= 1
-        return collective
-
-    def counts(self) -> dict[str, int]:
-        """{group: collectives issued on it by this rank so far}, for every group it belongs to."""
-        world = getattr(dist.distributed_c10d, "_world", None)
-        out = {}
-        for group in list(getattr(world, "pg_map", {})):
-            try:
-                sequence = group._get_sequence_number_for_group()
-            except (RuntimeError, AttributeError):
-                continue  # a backend without sequence numbers (threaded, fake): not counted
-            key = self._key(group)
-            out[key] = sequence - self.p2p[key]
-        return out
-
-    def take_issued(self) -> dict[str, dict[str, int]]:
-        """{group: {kind: calls}} since the last call."""
-        out: dict[str, dict[str, int]] = {}
-        for (group, kind), n in self.issued.items():
-            out.setdefault(group, {})[kind] = n
-        self.issued.clear()
-        return out
-
-
-def unmatched(collectives: dict[int, dict]) -> dict[int, str]:
-    """{rank: why it fails} for the ranks that issued more collectives on a group than another of
-    its ranks. `collectives`: {rank: {"counts": CollectiveLedger.counts(), "issued": take_issued()}}."""
-    by_group: dict[str, dict[int, int]] = {}
-    for rank, seen in collectives.items():
-        for group, count in seen["counts"].items():
-            by_group.setdefault(group, {})[rank] = count
-    blamed: dict[int, list[str]] = {}
-    for group, counts in by_group.items():
-        fewest = min(counts.values())
-        behind = sorted(r for r, n in counts.items() if n == fewest)
-        for rank, count in counts.items():
-            if count > fewest:
-                extra = count - fewest
-                kinds = _difference(collectives, group, rank, behind[0])
-                blamed.setdefault(rank, []).append(
-                    f"{extra} unmatched collective{'s' if extra > 1 else ''} on group {group} "
-                    f"({kinds or 'issued below the Python API'} on rank {rank}, not on rank"
-                    f"{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))})")
-    return {rank: "test left " + "; ".join(parts) for rank, parts in blamed.items()}
-
-
-def blame_unmatched(results: dict) -> None:
-    """Fail, in `results` ({rank: RankResult}), the ranks that left unmatched collectives, when
-    every rank returned without failing (otherwise the ranks are retired anyway)."""
-    if any(res.outcome == "failed" for res in results.values()):
-        return
-    counted = {r: res.collectives for r, res in results.items() if res.collectives is not None}
-    for rank, why in unmatched(counted).items():
-        results[rank].outcome = "failed"
-        results[rank].message = f"{why} (the next test's collectives would be matched against it)"
-
-
-def _difference(collectives: dict[int, dict], group: str, more: int, fewer: int) -> str:
-    """The kinds `more` issued on `group` beyond those `fewer` did, e.g. "all_reduce x2"."""
-    mine = collections.Counter(collectives[more]["issued"].get(group, {}))
-    mine.subtract(collectives[fewer]["issued"].get(group, {}))
-    return ", ".join(kind if n == 1 else f"{kind} x{n}" for kind, n in sorted(mine.items()) if n > 0)

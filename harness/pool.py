@@ -18,7 +18,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from harness.isolation import blame_unmatched
+from harness.ledger import blame_unmatched
 from harness.output import output_path, output_since, pool_dir, trim_text
 from harness.task import RankResult, Task
 from harness.stacks import trim_stack

@@ -98,7 +98,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
 
     from harness.context import RankContext
     from harness.devices import device_for
-    from harness.isolation import Baseline, CollectiveLedger, Settings, settle
+    from harness.isolation import Baseline, Settings, settle
+    from harness.ledger import CollectiveLedger
     from harness.task import execute, reset_process_state
 
     # One intra-op thread per rank: ranks already share the cores, and a forked child must never
@@ -116,7 +117,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     if backend == "gloo" and os.environ.get("SHARDCHECK_PIN_RANKS", "1") != "0":
         pin_to_one_cpu(rank)
     # What every test finds, whatever the one before changed (harness.isolation)
-    settings, before, ledger = Settings.capture(), Baseline.take(), CollectiveLedger()
+    ledger = CollectiveLedger()  # its wrappers are part of the baseline
+    settings, before = Settings.capture(), Baseline.take()
     conn.send(("ready", rank))
     meshes: dict = {}  # sub-groups live as long as the process: built once, reused by every test
     while True:

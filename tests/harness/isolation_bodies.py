@@ -167,3 +167,29 @@ def test_11_a_clean_test_keeps_its_ranks(ctx, step):
 def test_12_a_handle_on_its_own_output_is_not_a_leak(ctx):
     KEEP.append(open("/dev/stdout", "w"))  # what a library's log handler does on first use
     _one_all_reduce(ctx)
+
+
+@distributed(world_size=2)
+def test_13_leaves_a_monkeypatch(ctx):
+    import torch.nn.functional as F
+
+    F.relu = lambda x, inplace=False: x  # never restored
+
+
+@distributed(world_size=2)
+def test_13b_next(ctx):
+    import torch.nn.functional as F
+
+    assert F.relu(torch.tensor([-1.0])).item() == 0.0
+    _one_all_reduce(ctx)
+
+
+@distributed(world_size=2)
+def test_14_imports_a_submodule_and_patches_within_a_context(ctx):
+    from unittest import mock
+
+    import torch.distributed.checkpoint  # noqa: F401  (adds an attribute to torch.distributed)
+
+    with mock.patch.object(dist, "barrier", lambda *a, **k: None):
+        dist.barrier()
+    _one_all_reduce(ctx)

@@ -94,10 +94,16 @@ def test_a_file_left_open_fails_its_test(which, request):
     ("test_7_leaves_a_child_process[ws2]", "rank 1: test left 1 child process still running (pid "),
     ("test_8_leaves_an_alarm[ws2]", "rank 0: test left a timer pending (signal.alarm or setitimer)"),
     ("test_9_destroys_the_default_group[ws2]", "test left the default process group destroyed or replaced"),
+    ("test_13_leaves_a_monkeypatch[ws2]", "test left torch.nn.functional.relu replaced (a module-level monkeypatch): "
+                                          "restore it before returning"),
 ])
 def test_what_cannot_be_undone_fails_its_test_and_the_next_runs_clean(pool_run, test_id, text):
     failed_with(pool_run, test_id, text)
     passed(pool_run, test_id.split("_")[0] + "_" + test_id.split("_")[1] + "b_next[ws2]")
+
+
+def test_a_new_submodule_and_a_patch_undone_within_the_test_are_not_leftovers(pool_run):
+    passed(pool_run, "test_14_imports_a_submodule_and_patches_within_a_context[ws2]")
 
 
 @pytest.mark.parametrize("which", ["pool_run", "thread_run"])
