@@ -180,7 +180,7 @@ class Baseline:
     and default process group. The same holds before every later test, since a test that leaves
     anything more is refused and its ranks retired."""
 
-    threads: set[int] = field(default_factory=set)
+    threads: set = field(default_factory=set)  # threading.Thread objects
     fds: set[int] = field(default_factory=set)
     children: set[int] = field(default_factory=set)
     default_group: Any = None
@@ -190,7 +190,7 @@ class Baseline:
     @classmethod
     def take(cls) -> "Baseline":
         held = {fd for fd in _descriptors() if _is_open(fd)}
-        return cls({t.ident for t in threading.enumerate()}, held, _children(),
+        return cls(set(threading.enumerate()), held, _children(),
                    dist.group.WORLD if dist.is_initialized() else None, _lowest_free(held),
                    {name: _functions(sys.modules[name]) for name in WATCHED_MODULES if name in sys.modules})
 
@@ -225,8 +225,8 @@ class Baseline:
 def leftovers(before: Baseline, ignore_threads=()) -> list[str]:
     """What the body left that the next test would inherit, one phrase each (empty: nothing).
     Threads it started get THREAD_GRACE_S to end; `ignore_threads` are the harness's own."""
-    ignored = {t.ident for t in ignore_threads}
-    started = [t for t in threading.enumerate() if t.ident not in before.threads and t.ident not in ignored]
+    # Thread objects, not idents: a thread that ended (a rank thread) can hand its ident to a new one
+    started = [t for t in threading.enumerate() if t not in before.threads and t not in ignore_threads]
     end = time.monotonic() + THREAD_GRACE_S
     for t in started:
         t.join(max(0.0, end - time.monotonic()))
@@ -262,7 +262,7 @@ def refuse(result, left: list[str]) -> None:
     """Fail a rank's `result` that has not failed already for the `leftovers` it names. No failure
     time: ranks that each left something are not one another's consequences."""
     if left and result.outcome != "failed":
-        result.outcome = "failed"
+        result.outcome, result.refused = "failed", True
         result.message = ("test left " + "; ".join(left) +
                           " (the next test would inherit it; these ranks are retired)")
 
@@ -270,7 +270,13 @@ def refuse(result, left: list[str]) -> None:
 def settle(result, before: Baseline, settings: Settings, ledger: CollectiveLedger | None) -> None:
     """After a body, on its rank: fail it for what it left behind, hand the parent this rank's
     collective counts (compared across ranks by `unmatched`), and set the settings back."""
-    refuse(result, leftovers(before))
+    left = leftovers(before)
+    pending = ledger.outstanding(THREAD_GRACE_S) if ledger is not None else []
+    if pending:
+        left.append(f"{len(pending)} collective{'s' if len(pending) > 1 else ''} outstanding "
+                    f"({', '.join(pending)} with async_op=True, not completed): wait() on the work "
+                    f"before returning")
+    refuse(result, left)
     if ledger is not None:
         result.collectives = {"counts": ledger.counts(), "issued": ledger.take_issued()}
     settings.restore()

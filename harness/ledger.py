@@ -16,6 +16,8 @@ import collections
 import functools
 import inspect
 import threading
+import time
+import weakref
 from typing import Any
 
 import torch
@@ -41,6 +43,9 @@ class CollectiveLedger:
         self.issued: collections.Counter = collections.Counter()
         self._depth = threading.local()
         self._ranks: dict[Any, str] = {}
+        # (kind, weak reference to the Work) of this test's async_op collectives: weak, so that the
+        # ledger never keeps a collective's tensors alive (a memory measurement would count them)
+        self._works: list[tuple[str, Any]] = []
         self._install()
 
     def _key(self, group) -> str:
@@ -80,10 +85,23 @@ class CollectiveLedger:
                     self.issued[(self._key(group), name)] += 1
             self._depth.n = getattr(self._depth, "n", 0) + 1
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
             finally:
                 self._depth.n -= 1
+            if self._depth.n == 0 and hasattr(out, "is_completed"):  # async_op=True: a Work to wait on
+                self._works.append((name, weakref.ref(out)))
+            return out
         return collective
+
+    def outstanding(self, grace_s: float) -> list[str]:
+        """The kinds of this test's async_op collectives whose work has not completed within
+        `grace_s` (a handle nobody waited on, or one no other rank matched); forgets them all."""
+        works = [(kind, work) for kind, ref in self._works if (work := ref()) is not None]
+        self._works = []
+        end = time.monotonic() + grace_s
+        while any(not work.is_completed() for _, work in works) and time.monotonic() < end:
+            time.sleep(0.005)
+        return [kind for kind, work in works if not work.is_completed()]
 
     def counts(self) -> dict[str, int]:
         """{group: collectives issued on it by this rank so far}, for every group it belongs to."""
@@ -131,13 +149,16 @@ def unmatched(collectives: dict[int, dict]) -> dict[int, str]:
 
 def blame_unmatched(results: dict) -> None:
     """Fail, in `results` ({rank: RankResult}), the ranks that left unmatched collectives, when
-    every rank returned without failing (otherwise the ranks are retired anyway)."""
-    if any(res.outcome == "failed" for res in results.values()):
+    every rank's body returned (a rank that raised may have left its peers inside a collective:
+    the counts say nothing then, and the ranks are retired anyway)."""
+    if any(res.outcome == "failed" and not res.refused for res in results.values()):
         return
     counted = {r: res.collectives for r, res in results.items() if res.collectives is not None}
     for rank, why in unmatched(counted).items():
-        results[rank].outcome = "failed"
-        results[rank].message = f"{why} (the next test's collectives would be matched against it)"
+        res = results[rank]
+        why = f"{why} (the next test's collectives would be matched against it)"
+        res.message = f"{res.message}; {why.removeprefix('test left ')}" if res.refused else why
+        res.outcome, res.refused = "failed", True
 
 
 def _difference(collectives: dict[int, dict], group: str, more: int, fewer: int) -> str:

@@ -48,6 +48,7 @@ class RankResult:
     duration: float = 0.0
     stopped: bool = False  # the harness stopped this rank because another rank had failed
     died: bool = False  # the rank's process ended (exit or signal) instead of answering
+    refused: bool = False  # the body returned, and failed for what it left behind (harness.isolation)
     failed_at: float | None = None  # time.monotonic() of the failure (system-wide on Linux)
     # {"counts": {group: collectives issued}, "issued": {group: {kind: calls}}} (harness.isolation)
     collectives: dict | None = None

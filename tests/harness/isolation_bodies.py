@@ -63,6 +63,17 @@ def test_2b_next_matches_its_own_collectives(ctx):
     _one_all_reduce(ctx)
 
 
+@distributed(world_size=2)
+def test_2c_keeps_an_unmatched_handle(ctx):
+    if ctx.rank == 0:
+        KEEP.append(dist.broadcast(torch.ones(1), src=0, async_op=True))  # rank 1 never joins
+
+
+@distributed(world_size=2)
+def test_2d_next(ctx):
+    _one_all_reduce(ctx)
+
+
 @distributed(world_size=4)
 def test_3_unmatched_on_a_sub_group(ctx):
     mesh = ctx.mesh((2, 2), ("replicate", "shard"))

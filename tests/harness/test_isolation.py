@@ -53,6 +53,11 @@ def test_an_unmatched_collective_fails_the_test_that_issued_it_at_once(pool_run)
     failed_with(pool_run, "test_2_unmatched_async_collective[ws2]",
                 "rank 0: test left 1 unmatched collective on group 0 (ranks 0, 1) "
                 "(all_reduce on rank 0, not on rank 1)")
+    failed_with(pool_run, "test_2c_keeps_an_unmatched_handle[ws2]",
+                "rank 0: test left 1 collective outstanding (broadcast with async_op=True, not completed)")
+    assert "1 unmatched collective on group 0 (ranks 0, 1) (broadcast on rank 0, not on rank 1)" \
+        in outcome(pool_run[:3], "test_2c_keeps_an_unmatched_handle[ws2]")["text"]
+    passed(pool_run, "test_2d_next[ws2]")
     passed(pool_run, "test_2b_next_matches_its_own_collectives[ws2]")
     elapsed = pool_run[3]
     assert elapsed < 60, f"the session took {elapsed:.0f} s: a leak waited for a deadline"
