@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,43 @@ def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]
         return results
 
 
+ALONE_S = 1.0  # how long a rank may wait in a collective after every other rank's body returned
+
+
+def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) -> dict[int, RankResult]:
+    """Ranks blocked in a collective of the threaded group for ALONE_S while every rank not blocked
+    has returned: the threaded group's collectives wait for every rank, and no rank is left to
+    issue the other half, so each is an unmatched collective, failed at once (woken by the group's
+    termination event) rather than at the deadline."""
+    frames = sys._current_frames()
+    waiting = {r for r in pending if _waiting_in_threaded_group(frames.get(threads[r].ident))}
+    if waiting != pending:  # a rank still computes: it may yet join
+        alone_since.clear()
+        return {}
+    now = time.monotonic()
+    for r in waiting:
+        alone_since.setdefault(r, now)
+    if now - min(alone_since.values()) < ALONE_S:
+        return {}
+    stacks = {r: thread_stack(threads[r]) for r in waiting}
+    mtpg.ProcessLocalGroup.exception_handle(RuntimeError("shardcheck: an unmatched collective"))
+    return {r: RankResult(r, "failed", f"rank {r} (thread) waits in a collective that no other rank will "
+                                       f"join (every other rank's body returned): an unmatched collective.\n"
+                                       f"Its Python stack:\n{stacks[r]}", failed_at=now) for r in waiting}
+
+
+def _waiting_in_threaded_group(frame) -> bool:
+    """Whether a thread waits (a condition's wait, innermost) inside a collective of torch's threaded
+    process group: not the rank that copies the data around, which works."""
+    if frame is None or not frame.f_code.co_filename.endswith("threading.py"):
+        return False
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("multi_threaded_pg.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
     """One thread per rank in the installed threaded world; stopped, if need be, at the deadline.
     Returns every rank's result and the rank threads."""
@@ -86,13 +124,17 @@ def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
     for t in threads:
         t.start()
 
+    alone_since: dict[int, float] = {}  # rank -> when it was found waiting in a collective alone
+
     def poll(pending: set[int], wait_s: float) -> dict[int, RankResult]:
-        """The ranks whose thread ended (the poll of `wait_for_ranks`)."""
+        """The ranks whose thread ended (the poll of `wait_for_ranks`), and those waiting in a
+        collective that no rank can join any more (`_unmatched`)."""
         live = next((threads[r] for r in pending if threads[r].is_alive()), None)
         if live is not None:
             live.join(min(wait_s, 0.01))
-        return {r: answers[r] if answers[r] is not None else no_result(r)
-                for r in pending if not threads[r].is_alive()}
+        ended = {r: answers[r] if answers[r] is not None else no_result(r)
+                 for r in pending if not threads[r].is_alive()}
+        return ended or _unmatched(threads, pending, alone_since, mtpg)
 
     results, pending = wait_for_ranks(world_size, timeout, poll)
     for res in results.values():

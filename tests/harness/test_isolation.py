@@ -28,7 +28,8 @@ def thread_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("isolation-threads")
     env = {**os.environ, "SHARDCHECK_LEAK_DIR": str(workdir)}
     return child_session(workdir, "--shardcheck-backend", "threaded", "-k", "changes_settings or restored or "
-                         "leaves_a_thread or 5b or leaves_a_file or 6b or joins_its", bodies=BODIES, env=env)
+                         "leaves_a_thread or 5b or leaves_a_file or 6b or joins_its or unmatched_async or "
+                         "matches_its_own", bodies=BODIES, env=env)
 
 
 def failed_with(run, test_id: str, text: str) -> None:
@@ -61,6 +62,14 @@ def test_an_unmatched_collective_fails_the_test_that_issued_it_at_once(pool_run)
     passed(pool_run, "test_2b_next_matches_its_own_collectives[ws2]")
     elapsed = pool_run[3]
     assert elapsed < 60, f"the session took {elapsed:.0f} s: a leak waited for a deadline"
+
+
+def test_thread_mode_fails_a_collective_no_rank_will_join_without_waiting_for_the_deadline(thread_run):
+    """Threaded collectives wait for every rank: rank 0 alone in one, its peers returned, is an
+    unmatched collective (failed after a second, not the 300 s deadline)."""
+    failed_with(thread_run, "test_2_unmatched_async_collective[ws2]",
+                "rank 0 (thread) waits in a collective that no other rank will join")
+    passed(thread_run, "test_2b_next_matches_its_own_collectives[ws2]")
 
 
 def test_an_unmatched_collective_on_a_sub_group_names_the_group(pool_run):
