@@ -68,12 +68,12 @@ ALONE_S = 1.0  # how long a rank may wait in a collective after every other rank
 
 
 def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) -> dict[int, RankResult]:
-    """Ranks blocked in a collective of the threaded group for ALONE_S while every rank not blocked
-    has returned: the threaded group's collectives wait for every rank, and no rank is left to
-    issue the other half, so each is an unmatched collective, failed at once (woken by the group's
-    termination event) rather than at the deadline."""
+    """Ranks that have waited ALONE_S in a collective of the threaded group that not every rank
+    has joined, while every other rank waits likewise or has returned: the group's collectives wait
+    for every rank, and no rank is left to join, so each is an unmatched collective, failed (woken
+    by the group's termination event) rather than at the deadline."""
     frames = sys._current_frames()
-    waiting = {r for r in pending if _waiting_in_threaded_group(frames.get(threads[r].ident))}
+    waiting = {r for r in pending if _waiting_to_be_joined(frames.get(threads[r].ident))}
     if waiting != pending:  # a rank still computes: it may yet join
         alone_since.clear()
         return {}
@@ -85,18 +85,21 @@ def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) 
     stacks = {r: thread_stack(threads[r]) for r in waiting}
     mtpg.ProcessLocalGroup.exception_handle(RuntimeError("shardcheck: an unmatched collective"))
     return {r: RankResult(r, "failed", f"rank {r} (thread) waits in a collective that no other rank will "
-                                       f"join (every other rank's body returned): an unmatched collective.\n"
+                                       f"join (the others returned, or wait in other collectives): an "
+                                       f"unmatched collective.\n"
                                        f"Its Python stack:\n{stacks[r]}", failed_at=now) for r in waiting}
 
 
-def _waiting_in_threaded_group(frame) -> bool:
-    """Whether a thread waits (a condition's wait, innermost) inside a collective of torch's threaded
-    process group: not the rank that copies the data around, which works."""
+def _waiting_to_be_joined(frame) -> bool:
+    """Whether a thread waits (a condition's wait, innermost) in a collective of torch's threaded
+    process group that some rank has not joined yet (`Collective.join`: fewer arrivals than ranks).
+    Not a rank that copies the data around (it works), nor one waiting for that copy (all joined)."""
     if frame is None or not frame.f_code.co_filename.endswith("threading.py"):
         return False
     while frame is not None:
-        if frame.f_code.co_filename.endswith("multi_threaded_pg.py"):
-            return True
+        if frame.f_code.co_filename.endswith("multi_threaded_pg.py") and frame.f_code.co_name == "join":
+            collective = frame.f_locals.get("self")
+            return getattr(collective, "_count", 0) < getattr(collective, "_world_size", 0)
         frame = frame.f_back
     return False
 
