@@ -68,13 +68,14 @@ ALONE_S = 1.0  # how long a rank may wait in a collective after every other rank
 
 
 def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) -> dict[int, RankResult]:
-    """Ranks that have waited ALONE_S in a collective of the threaded group that not every rank
-    has joined, while every other rank waits likewise or has returned: the group's collectives wait
-    for every rank, and no rank is left to join, so each is an unmatched collective, failed (woken
-    by the group's termination event) rather than at the deadline."""
+    """Ranks that have waited ALONE_S in a collective of the threaded group, while every other rank
+    waits likewise or has returned and a current collective has fewer arrivals than ranks: the
+    group's collectives wait for every rank, and no rank is left to join, so each is an unmatched
+    collective, failed (woken by the group's termination event) rather than at the deadline."""
     frames = sys._current_frames()
-    waiting = {r for r in pending if _waiting_to_be_joined(frames.get(threads[r].ident))}
-    if waiting != pending:  # a rank still computes: it may yet join
+    waiting = {r for r in pending if _waiting_in_join(frames.get(threads[r].ident))}
+    unjoined = any(c._count < c._world_size for c in list(mtpg.ProcessLocalGroup._cur_coll_on_pgs.values()))
+    if waiting != pending or not unjoined:  # a rank still computes (it may yet join), or all joined
         alone_since.clear()
         return {}
     now = time.monotonic()
@@ -90,16 +91,15 @@ def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) 
                                        f"Its Python stack:\n{stacks[r]}", failed_at=now) for r in waiting}
 
 
-def _waiting_to_be_joined(frame) -> bool:
-    """Whether a thread waits (a condition's wait, innermost) in a collective of torch's threaded
-    process group that some rank has not joined yet (`Collective.join`: fewer arrivals than ranks).
-    Not a rank that copies the data around (it works), nor one waiting for that copy (all joined)."""
+def _waiting_in_join(frame) -> bool:
+    """Whether a thread waits (a condition's wait, innermost) in `Collective.join` of torch's
+    threaded process group: not the rank that copies the data around, which works. (Only the code
+    of another thread's frames is read: reading their locals would write to them.)"""
     if frame is None or not frame.f_code.co_filename.endswith("threading.py"):
         return False
     while frame is not None:
         if frame.f_code.co_filename.endswith("multi_threaded_pg.py") and frame.f_code.co_name == "join":
-            collective = frame.f_locals.get("self")
-            return getattr(collective, "_count", 0) < getattr(collective, "_world_size", 0)
+            return True
         frame = frame.f_back
     return False
 
