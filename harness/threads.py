@@ -64,44 +64,36 @@ def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]
         return results
 
 
-ALONE_S = 1.0  # how long a rank may wait in a collective after every other rank's body returned
+ALONE_S = 1.0  # how long a rank may wait in a collective whose missing ranks have all returned
 
 
 def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) -> dict[int, RankResult]:
-    """Ranks that have waited ALONE_S in a collective of the threaded group, while every other rank
-    waits likewise or has returned and a current collective has fewer arrivals than ranks: the
-    group's collectives wait for every rank, and no rank is left to join, so each is an unmatched
-    collective, failed (woken by the group's termination event) rather than at the deadline."""
-    frames = sys._current_frames()
-    waiting = {r for r in pending if _waiting_in_join(frames.get(threads[r].ident))}
-    unjoined = any(c._count < c._world_size for c in list(mtpg.ProcessLocalGroup._cur_coll_on_pgs.values()))
-    if waiting != pending or not unjoined:  # a rank still computes (it may yet join), or all joined
-        alone_since.clear()
-        return {}
+    """Ranks that have waited ALONE_S in a collective of the threaded group (one over every rank)
+    whose missing ranks have all returned: its collectives wait for every rank, and none is left
+    to join, so each is an unmatched collective, failed (woken by the group's termination event)
+    rather than at the deadline. Read from the group's current collectives (their arrivals), never
+    from the threads' frames, which another thread must not touch."""
+    stuck: set[int] = set()
+    for collective in list(mtpg.ProcessLocalGroup._cur_coll_on_pgs.values()):
+        arrived = list(collective._data)
+        if len(arrived) != len(threads):
+            continue  # a sub-group's: its ranks are numbered within it
+        missing = [r for r, data in enumerate(arrived) if data is None]
+        if missing and not any(threads[r].is_alive() for r in missing):
+            stuck |= {r for r, data in enumerate(arrived) if data is not None} & pending
     now = time.monotonic()
-    for r in waiting:
+    for r in set(alone_since) - stuck:
+        del alone_since[r]
+    for r in stuck:
         alone_since.setdefault(r, now)
-    if now - min(alone_since.values()) < ALONE_S:
+    late = {r for r in stuck if now - alone_since[r] >= ALONE_S}
+    if not late:
         return {}
-    stacks = {r: thread_stack(threads[r]) for r in waiting}
+    stacks = {r: thread_stack(threads[r]) for r in late}
     mtpg.ProcessLocalGroup.exception_handle(RuntimeError("shardcheck: an unmatched collective"))
     return {r: RankResult(r, "failed", f"rank {r} (thread) waits in a collective that no other rank will "
-                                       f"join (the others returned, or wait in other collectives): an "
-                                       f"unmatched collective.\n"
-                                       f"Its Python stack:\n{stacks[r]}", failed_at=now) for r in waiting}
-
-
-def _waiting_in_join(frame) -> bool:
-    """Whether a thread waits (a condition's wait, innermost) in `Collective.join` of torch's
-    threaded process group: not the rank that copies the data around, which works. (Only the code
-    of another thread's frames is read: reading their locals would write to them.)"""
-    if frame is None or not frame.f_code.co_filename.endswith("threading.py"):
-        return False
-    while frame is not None:
-        if frame.f_code.co_filename.endswith("multi_threaded_pg.py") and frame.f_code.co_name == "join":
-            return True
-        frame = frame.f_back
-    return False
+                                       f"join (the ones missing returned): an unmatched collective.\n"
+                                       f"Its Python stack:\n{stacks[r]}", failed_at=now) for r in late}
 
 
 def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
