@@ -11,7 +11,8 @@ with `fully_shard` as its parallelize_fn: FSDP2, the order its docs show), `mode
 (ModelParallelStrategy, `fabric.setup(model, optimizer)`: FINDINGS), `unshimmed` (FSDPStrategy as a user
 builds it on CPU: Fabric refuses it, FINDINGS). Precision: "bf16-mixed" / "16-mixed" with float32
 gradient reduction. FSDPStrategy needs the CPU shim `CpuFSDPStrategy`; ModelParallelStrategy none.
-Not declared: loss scaling (only "16-mixed"'s scaler), NO_SHARD / HYBRID_SHARD for ModelParallelStrategy.
+Not declared: loss scaling (only "16-mixed"'s scaler, never over float32 compute); for ModelParallelStrategy
+NO_SHARD / HYBRID_SHARD (its mesh is (data, tensor) parallel) and fp16 (it refuses "16-mixed").
 """
 
 from __future__ import annotations
@@ -113,10 +114,10 @@ class LightningAdapter:
     def __init__(self, variant: str | None = None) -> None:
         self.variant = variant or "default"
         self.name = f"lightning[{variant}]" if variant else "lightning"
-        strategies = {"full_shard", "shard_grad_op"} | \
-            (set() if self.variant.startswith("model-parallel") else {"no_shard", "hybrid_shard"})
-        self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
-                                                    "mixed_precision_bf16", "mixed_precision_fp16"})
+        fsdp2 = self.variant.startswith("model-parallel")  # its precision plugins refuse "16-mixed"
+        self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
+                                       "mixed_precision_bf16"} | (set() if fsdp2 else
+                                                                  {"no_shard", "hybrid_shard", "mixed_precision_fp16"}))
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Lightning")
