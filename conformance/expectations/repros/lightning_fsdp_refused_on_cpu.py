@@ -1,4 +1,4 @@
-"""F31: Lightning Fabric refuses `FSDPStrategy` off a GPU: `Fabric(accelerator="cpu", strategy="fsdp")`
+"""F30: Lightning Fabric refuses `FSDPStrategy` off a GPU: `Fabric(accelerator="cpu", strategy="fsdp")`
 or `strategy=FSDPStrategy()` raises "FSDP is only available on GPU" (connector.py), although torch's
 FSDP1 runs on CPU/gloo with `device_id=cpu`. A clear error, not a silent fallback; past it (a subclass
 of FSDPStrategy), `setup_module` passes `device_id=root_device.index`, None on CPU, which FSDP1 refuses

@@ -1,4 +1,4 @@
-"""F30: Lightning Fabric's `ModelParallelStrategy` (FSDP2 through a parallelize_fn calling
+"""F29: Lightning Fabric's `ModelParallelStrategy` (FSDP2 through a parallelize_fn calling
 `fully_shard`) with `model, optimizer = fabric.setup(model, optimizer)`, the optimizer built before
 sharding (the pattern FSDPStrategy accepts): `fully_shard` replaces every parameter by a DTensor
 parameter, the optimizer keeps the old ones, and nothing re-links or warns. They never get a gradient:
