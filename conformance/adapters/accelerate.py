@@ -7,7 +7,8 @@ model, optimizer)`, `accelerator.backward(loss)`, `accelerator.clip_grad_norm_(m
 `sharding_strategy`; the model prepared before the optimizer is built, the order its FSDP guide recommends), `joint`
 (FSDP1, `prepare(model, optimizer)` with the optimizer built first: FINDINGS), `fsdp2` (`fsdp_version=2`:
 `reshard_after_forward`; model and optimizer prepared together, as FSDP2 requires), `unshimmed` (FSDP1 as a user
-builds it on a CPU machine, `Accelerator(cpu=True, ...)`: the plugin is ignored, FINDINGS). On CPU the
+builds it on a CPU machine, `Accelerator(cpu=True, ...)`: the plugin is ignored, FINDINGS), `config` (the user's
+own config file: accelerate_config.py). On CPU the
 shim `fsdp_on_cpu` below is needed. Not declared: loss scaling (Accelerate scales only fp16 on an
 accelerator device), HYBRID_SHARD (a `ParallelismConfig` device mesh), units (its wrap policy is by class).
 """
@@ -19,7 +20,7 @@ import os
 
 import torch
 
-from conformance.adapters import frontends
+from conformance.adapters import accelerate_config, frontends
 from conformance.protocol import StepResult, Unsupported
 
 try:
@@ -44,21 +45,24 @@ def fsdp_on_cpu(accelerator, plugin) -> None:
         plugin.set_mixed_precision(accelerator.state.mixed_precision)  # ditto (keeps a policy already set)
 
 
+def plugin_for(spec, version: int):
+    """The plugin and mixed_precision a user writes for `spec`: strategy, compute and reduce dtypes."""
+    mp, policy = spec.mixed_precision, None
+    if mp is not None:
+        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+        policy = (MixedPrecision if version == 1 else MixedPrecisionPolicy)(
+            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype)
+    strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
+        {"reshard_after_forward": frontends.STRATEGIES_FSDP2[spec.strategy]}
+    return (FullyShardedDataParallelPlugin(fsdp_version=version, mixed_precision_policy=policy, **strategy),
+            PRECISION.get(mp and mp.param_dtype, "no"))
+
+
 class AccelerateTrainer:
-    def __init__(self, model, spec, recipe, version, shim, joint):
-        mp = spec.mixed_precision
-        policy = None
-        if mp is not None:
-            from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
-            policy = (MixedPrecision if version == 1 else MixedPrecisionPolicy)(
-                param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype)
-        strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
-            {"reshard_after_forward": frontends.STRATEGIES_FSDP2[spec.strategy]}
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=version, mixed_precision_policy=policy, **strategy)
+    def __init__(self, model, recipe, plugin, mixed_precision, shim, joint):
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's state is a process-wide singleton
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))  # else MULTI_CPU resets threads
-        self.accelerator = Accelerator(cpu=True, fsdp_plugin=plugin,
-                                       mixed_precision=PRECISION.get(mp and mp.param_dtype, "no"))
+        self.accelerator = Accelerator(cpu=True, fsdp_plugin=plugin, mixed_precision=mixed_precision)
         if shim:
             fsdp_on_cpu(self.accelerator, plugin)
         if joint:  # the optimizer built over the unsharded model, both prepared together
@@ -98,12 +102,13 @@ class AccelerateAdapter:
     version = importlib.metadata.version("accelerate")
     variants = {"fsdp2": "FullyShardedDataParallelPlugin(fsdp_version=2): fully_shard underneath",
                 "joint": "FSDP1, accelerator.prepare(model, optimizer) with the optimizer built before sharding",
-                "unshimmed": "FSDP1 plugin as a user builds it on a CPU machine (Accelerator(cpu=True)), no shim"}
+                "unshimmed": "FSDP1 plugin as a user builds it on a CPU machine (Accelerator(cpu=True)), no shim",
+                "config": "the Accelerate config file named by $SHARDCHECK_ACCELERATE_CONFIG (accelerate_config.py)"}
 
     def __init__(self, variant: str | None = None) -> None:
         self.variant = variant
         self.name = f"accelerate[{variant}]" if variant else "accelerate"
-        strategies = {"full_shard", "shard_grad_op"} | ({"no_shard"} if variant != "fsdp2" else set())
+        strategies = {"full_shard", "shard_grad_op"} | ({"no_shard"} if variant != "fsdp2" else set())  # config: per cell
         self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                                     "mixed_precision_bf16", "mixed_precision_fp16"})
 
@@ -112,5 +117,11 @@ class AccelerateAdapter:
         mp = spec.mixed_precision
         if len(spec.strategies) > 1 or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
             raise Unsupported("one sharding strategy per Accelerator; no offload, buffer dtype or low-precision grads")
-        return AccelerateTrainer(model, spec, recipe, 2 if self.variant == "fsdp2" else 1,
-                                 shim=self.variant != "unshimmed", joint=self.variant in ("fsdp2", "joint"))
+        if self.variant == "config":  # the user's own config file (accelerate_config.py)
+            kwargs, mixed_precision = accelerate_config.load(FullyShardedDataParallelPlugin)
+            accelerate_config.check_cell(kwargs, mixed_precision, spec)
+            plugin = FullyShardedDataParallelPlugin(**kwargs)
+        else:
+            plugin, mixed_precision = plugin_for(spec, 2 if self.variant == "fsdp2" else 1)
+        return AccelerateTrainer(model, recipe, plugin, mixed_precision, shim=self.variant != "unshimmed",
+                                 joint=plugin.fsdp_version == 2 or self.variant == "joint")
