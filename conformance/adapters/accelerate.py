@@ -102,8 +102,9 @@ class AccelerateAdapter:
     version = importlib.metadata.version("accelerate")
     variants = {"fsdp2": "FullyShardedDataParallelPlugin(fsdp_version=2): fully_shard underneath",
                 "joint": "FSDP1, accelerator.prepare(model, optimizer) with the optimizer built before sharding",
-                "unshimmed": "FSDP1 plugin as a user builds it on a CPU machine (Accelerator(cpu=True)), no shim",
-                "config": "the Accelerate config file named by $SHARDCHECK_ACCELERATE_CONFIG (accelerate_config.py)"}
+                "unshimmed": "FSDP1 plugin as a user builds it on a CPU machine (Accelerator(cpu=True)), no shim"}
+    if os.environ.get(accelerate_config.ENV):  # only then: `--impl all` and explore have a config to judge
+        variants["config"] = f"the Accelerate config file ${accelerate_config.ENV} names (accelerate_config.py)"
 
     def __init__(self, variant: str | None = None) -> None:
         self.variant = variant

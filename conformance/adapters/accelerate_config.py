@@ -1,5 +1,6 @@
 """A user's own Accelerate config file (the YAML `accelerate config` writes) as the `accelerate[config]`
-variant's plugin: `SHARDCHECK_ACCELERATE_CONFIG=my_config.yaml shardcheck run --impl 'accelerate[config]'`.
+variant's plugin: `SHARDCHECK_ACCELERATE_CONFIG=my_config.yaml shardcheck run --impl 'accelerate[config]'` (the
+variant exists only while the variable is set).
 
 The file's `fsdp_config` keys are the `FullyShardedDataParallelPlugin` fields with an `fsdp_` prefix
 (`fsdp_version`, `fsdp_sharding_strategy`, `fsdp_reshard_after_forward`, `fsdp_use_orig_params`, ...;
@@ -15,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import pytest
 import torch
 import yaml
 
@@ -30,8 +30,8 @@ DTYPES = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 def load(plugin_class) -> tuple[dict, str]:
     """(the plugin's keyword arguments, the Accelerator's mixed_precision) from the file `$ENV` names."""
     path = os.environ.get(ENV)
-    if not path:  # `--impl all` lists this variant too: without a file there is nothing to judge
-        pytest.skip(f"accelerate[config] judges the Accelerate config file named by ${ENV}: not set")
+    if not path:
+        raise ValueError(f"accelerate[config] judges the Accelerate config file named by ${ENV}: not set")
     with open(path) as f:
         config = yaml.safe_load(f) or {}
     fields = {f.name for f in dataclasses.fields(plugin_class)}
