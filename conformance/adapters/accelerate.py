@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from conformance.adapters import accelerate_config, frontends
+from conformance.adapters import frontends
 from conformance.protocol import StepResult, Unsupported
 
 try:
@@ -30,6 +30,7 @@ try:
 except ImportError as exc:
     raise ImportError(f"accelerate is not importable ({exc}): pip install -e '.[accelerate]' "
                       "(torch pinned first, README)") from None
+from conformance.adapters import accelerate_config  # noqa: E402 (needs pyyaml, which accelerate brings)
 
 PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
