@@ -115,7 +115,7 @@ class AccelerateAdapter:
                                                     "mixed_precision_bf16", "mixed_precision_fp16"})
 
     def trainer(self, model, spec, recipe):
-        frontends.require_processes("Accelerate")
+        frontends.require_processes("Accelerate", spec)
         mp = spec.mixed_precision
         if len(spec.strategies) > 1 or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
             raise Unsupported("one sharding strategy per Accelerator; no offload, buffer dtype or low-precision grads")

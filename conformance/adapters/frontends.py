@@ -18,14 +18,18 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from conformance.adapters.dtensors import full_tensors
 from conformance.adapters.torch_fsdp1 import TorchFSDP1Adapter
+from conformance.protocol import Unsupported
 
 STRATEGIES_FSDP2 = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # reshard_after_forward
 
 
-def require_processes(frontend: str) -> None:
-    """Skip in thread mode: both front-ends keep process-global state (singletons, the environment)."""
+def require_processes(frontend: str, spec) -> None:
+    """Skip in thread mode: both front-ends keep process-global state (singletons, the environment).
+    Unsupported off the CPU: the adapters build the CPU setups (and their shims) only."""
     if "LOCAL_RANK" not in os.environ:
         pytest.skip(f"{frontend} keeps process-global state: one process per rank (not thread mode)")
+    if spec.device.type != "cpu":
+        raise Unsupported(f"the {frontend} adapter builds its CPU/gloo setup only (accelerator='cpu', the CPU shims)")
 
 
 def is_fsdp1(module: torch.nn.Module) -> bool:

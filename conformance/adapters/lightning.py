@@ -120,7 +120,7 @@ class LightningAdapter:
                                                                   {"no_shard", "hybrid_shard", "mixed_precision_fp16"}))
 
     def trainer(self, model, spec, recipe):
-        frontends.require_processes("Lightning")
+        frontends.require_processes("Lightning", spec)
         mp = spec.mixed_precision
         if len(spec.strategies) > 1 or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
             raise Unsupported("one sharding strategy per Fabric; no offload, buffer dtype or low-precision grads")
