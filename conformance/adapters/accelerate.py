@@ -1,16 +1,16 @@
 """Hugging Face Accelerate's FSDP behind the behaviour protocol (optional: `pip install -e '.[accelerate]'`).
 
 Driven as its documentation says: `Accelerator(mixed_precision=..., fsdp_plugin=FullyShardedDataParallelPlugin(
-fsdp_version=..., sharding_strategy | reshard_after_forward, mixed_precision_policy))`, `accelerator.prepare(
-model, optimizer)`, `accelerator.backward(loss)`, `accelerator.clip_grad_norm_(model.parameters(), ...)`,
-`optimizer.step()`; full parameters and gradients read from torch's FSDP module (frontends.py). Variants: FSDP1 (default; its
-`sharding_strategy`; the model prepared before the optimizer is built, the order its FSDP guide recommends), `joint`
-(FSDP1, `prepare(model, optimizer)` with the optimizer built first: FINDINGS), `fsdp2` (`fsdp_version=2`:
-`reshard_after_forward`; model and optimizer prepared together, as FSDP2 requires), `unshimmed` (FSDP1 as a user
-builds it on a CPU machine, `Accelerator(cpu=True, ...)`: the plugin is ignored, FINDINGS), `config` (the user's
-own config file: accelerate_config.py). On CPU the
-shim `fsdp_on_cpu` below is needed. Not declared: loss scaling (Accelerate scales only fp16 on an
-accelerator device), HYBRID_SHARD (a `ParallelismConfig` device mesh), units (its wrap policy is by class).
+fsdp_version, sharding_strategy | reshard_after_forward, mixed_precision_policy))`, `accelerator.prepare`,
+`accelerator.backward(loss)`, `accelerator.clip_grad_norm_(model.parameters(), max_norm, norm_type)`,
+`optimizer.step()`; full parameters and gradients are read from torch's FSDP module (frontends.py).
+Variants: FSDP1 (default: the model prepared, then the optimizer built over it and prepared, the order
+FSDP1 needs), `joint` (FSDP1, `prepare(model, optimizer)` with the optimizer built first: F28), `fsdp2`
+(`fsdp_version=2`, `reshard_after_forward`; model and optimizer prepared together, as FSDP2 requires),
+`unshimmed` (FSDP1 as a user builds it on a CPU machine, `Accelerator(cpu=True, ...)`: F27), `config`
+(the user's own config file: accelerate_config.py). On CPU the shim `fsdp_on_cpu` below is needed.
+Not declared: loss scaling (Accelerate scales only fp16 on an accelerator device), HYBRID_SHARD (a
+`ParallelismConfig` device mesh); units are not mapped (its wrap policies are by class or size).
 """
 
 from __future__ import annotations
