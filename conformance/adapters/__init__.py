@@ -24,6 +24,8 @@ BUILTIN = {
     "deepspeed": "conformance.adapters.deepspeed:DeepSpeedAdapter",
     "torchtitan-simplefsdp": "conformance.adapters.torchtitan_simplefsdp:SimpleFSDPAdapter",
     "megatron-fsdp": "conformance.adapters.megatron_fsdp:MegatronFSDPAdapter",
+    "accelerate": "conformance.adapters.accelerate:AccelerateAdapter",
+    "lightning": "conformance.adapters.lightning:LightningAdapter",
 }
 ENTRY_POINT_GROUP = "shardcheck.adapters"
 

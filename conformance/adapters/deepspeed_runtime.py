@@ -22,7 +22,7 @@ def load():
 
 def release(engine) -> None:
     """engine.destroy(), then what it leaves holding every ZeRO-3 engine alive (FINDINGS F14), and
-    torch.nn.functional.linear, which a ZeRO-3 engine replaces for the whole process (F27)."""
+    torch.nn.functional.linear, which a ZeRO-3 engine replaces for the whole process (F31)."""
     import torch.nn.functional
     from deepspeed.runtime.zero import parameter_offload
     from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses

@@ -22,7 +22,8 @@ REPROS = EXPECTATIONS / "repros"
 FINDINGS = (EXPECTATIONS / "FINDINGS.md").read_text()
 SCRIPTS = sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
 # An optional implementation's scripts need it installed; CI's DeepSpeed step runs them.
-OPTIONAL = {"deepspeed_": "deepspeed", "torchtitan_": "torchtitan", "torchao_": "torchao", "megatron_fsdp_": "megatron_fsdp"}
+OPTIONAL = {"deepspeed_": "deepspeed", "torchtitan_": "torchtitan", "torchao_": "torchao", "megatron_fsdp_": "megatron_fsdp",
+            "accelerate_": "accelerate", "lightning_": "lightning"}
 
 
 def _runnable(script: Path) -> bool:

@@ -85,8 +85,8 @@ def test_a_known_failure_that_passes_fails_the_run(tmp_path):
 def test_unknown_implementation_is_one_line(tmp_path):
     proc = warm_python.run(["-m", "pytest", "--shardcheck-impl", "nope", "--co"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 4
-    assert ("unknown implementation 'nope'; available: ddp, deepspeed, megatron-fsdp, reference, torch-fsdp1, "
-            "torch-fsdp2, torchtitan-simplefsdp") in proc.stderr
+    assert ("unknown implementation 'nope'; available: accelerate, ddp, deepspeed, lightning, megatron-fsdp, "
+            "reference, torch-fsdp1, torch-fsdp2, torchtitan-simplefsdp") in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -1,4 +1,4 @@
-"""F27: a DeepSpeed ZeRO-3 engine replaces torch.nn.functional.linear for the whole process (its
+"""F31: a DeepSpeed ZeRO-3 engine replaces torch.nn.functional.linear for the whole process (its
 `memory_efficient_linear`, on by default: partition_parameters._enable_mem_efficient_linear, which
 logs "This will persist unless manually reset"), and engine.destroy() does not put it back: every
 later F.linear in the process, of any model and any other engine, runs through DeepSpeed's
