@@ -58,28 +58,6 @@ def phase(ctx, size: int):
     return dataclasses.replace(ctx, world_size=size, group=mesh.get_group()), mesh
 
 
-def on_every_rank(ctx, error: BaseException | None) -> None:
-    """Raise on every rank of the test the first rank's failure of a phase (ranks outside a phase
-    would otherwise wait for ranks that have stopped)."""
-    messages = ctx.all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
-    failed = [(r, m) for r, m in enumerate(messages) if m is not None]
-    if error is not None:
-        raise error
-    if failed:
-        rank, message = failed[0]
-        raise AssertionError(f"rank {rank} failed: {message}")
-
-
-def _run(ctx, fn):
-    """`fn()` on this rank, then every rank learns whether any rank failed."""
-    error = None
-    try:
-        fn()
-    except Exception as exc:  # handed to every rank by on_every_rank, re-raised here
-        error = exc
-    on_every_rank(ctx, error)
-
-
 def _reference_state(ref: DataParallelReference | None):
     if ref is None:
         return None
@@ -99,10 +77,12 @@ def _continue_reference(ctx, state, model, spec, recipe) -> DataParallelReferenc
 
 def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, save_size: int,
                             load_size: int, save_steps: int = 2, load_steps: int = 2,
-                            spec_of=None, poison: dict | None = None) -> list:
+                            spec_of=None, poison: dict | None = None,
+                            dtype: torch.dtype | None = None) -> list:
     """Both phases (module docstring), compared step by step; the reference's StepResults of the
     steps this rank ran. `spec_of(mesh)` is the ShardSpec of a phase (default FULL_SHARD on
-    `workload.units`); `poison` as in workloads (step -> value on rank 1)."""
+    `workload.units`); `poison` as in workloads (step -> value on rank 1); `dtype`: the
+    tolerance's dtype (default: that of the expected values)."""
     spec_of = spec_of or (lambda mesh: ShardSpec(units=workload.units, mesh=mesh))
     steps = save_steps + load_steps
     results, handed = [], [None]
@@ -119,14 +99,14 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
         trainer = impl.trainer(model, spec, recipe)
         try:
             batches = workload.batches(first, steps, poison=poison)[:save_steps]
-            results.extend(compare_steps(first, trainer, ref, recipe, batches))
+            results.extend(compare_steps(first, trainer, ref, recipe, batches, dtype))
             trainer.save(path)
         finally:
             if hasattr(trainer, "close"):
                 trainer.close()
         handed[0] = _reference_state(ref)
 
-    _run(ctx, save_phase)
+    save_phase()  # a rank that fails here fails the test; the harness stops the others
     state = [handed[0]]
     dist.broadcast_object_list(state, src=dist.get_global_rank(ctx.group, 0) if ctx.group else 0,
                                group=ctx.group)
@@ -141,14 +121,15 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
         trainer = impl.trainer(model, spec, recipe)
         try:
             trainer.load(path)
-            assert_close(second, trainer.full_params(), ref.full_params(), f"parameters after load")
+            assert_close(second, trainer.full_params(), ref.full_params(), "parameters after load", dtype=dtype)
             batches = workload.batches(second, steps, poison=poison)[save_steps:]
-            results.extend(compare_steps(second, trainer, ref, recipe, batches, first=save_steps))
+            results.extend(compare_steps(second, trainer, ref, recipe, batches, dtype, first=save_steps))
         finally:
             if hasattr(trainer, "close"):
                 trainer.close()
 
-    _run(ctx, load_phase)
+    load_phase()
+    ctx.barrier()
     return results
 
 
