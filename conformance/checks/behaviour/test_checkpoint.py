@@ -144,7 +144,7 @@ def test_bad_input(ctx, impl, damage, tmp_path):
     trainer = impl.trainer(fresh, ShardSpec(units=W.units, mesh=ctx.mesh()), recipe)
     outside = (listing(tmp_path), listing(os.getcwd()))
     try:
-        with pytest.raises(Exception) as raised:
+        with pytest.raises(BaseException) as raised:  # DCP's CheckpointException is a BaseException
             trainer.load(path)
     finally:
         if hasattr(trainer, "close"):
