@@ -23,11 +23,15 @@ from torch.distributed.tensor import DTensor
 
 
 def group_of(model) -> dist.ProcessGroup | None:
-    """The process group spanning the model's mesh (None: the default group)."""
+    """The process group spanning the model's ranks: its DTensors' mesh, or the wrapper's
+    `process_group` (FSDP1, DDP); None when that is the default group."""
     mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
-    if mesh is None or mesh.size() == dist.get_world_size():
-        return None
-    return mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()
+    if mesh is not None:
+        if mesh.size() == dist.get_world_size():
+            return None
+        return mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()
+    group = getattr(model, "process_group", None)
+    return None if group is None or dist.get_world_size(group) == dist.get_world_size() else group
 
 
 def _state(model, optimizer, scaler) -> dict:
