@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.distributed as dist
