@@ -12,6 +12,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.parallel.distributed import _MixedPrecision
 
+from conformance.adapters import dcp
 from conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
 _PREFIX = "module."
@@ -20,7 +21,7 @@ _PREFIX = "module."
 class DDPAdapter(TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
-    capabilities = TorchStyleAdapter.implied({"no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
+    capabilities = TorchStyleAdapter.implied({"checkpoint", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
         "mixed_precision_bf16", "mixed_precision_fp16"}
 
     def shard(self, model: nn.Module, spec: ShardSpec):
@@ -62,3 +63,12 @@ class DDPAdapter(TorchStyleAdapter):
 
     def local_shards(self, model):
         raise Unsupported("DDP does not all-gather parameters")
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        dcp.save(model, optimizer, scaler, path)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        dcp.load(model, optimizer, scaler, path)
+
+    def full_state_dict(self, model):
+        return dcp.full_state_dict(model)

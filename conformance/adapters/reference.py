@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import reference_impl as ri
+from reference_impl import checkpoint
 from conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter
 
 STRATEGIES = {s.name: s for s in ri.ShardingStrategy}
@@ -22,7 +23,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
-        "meta_init",
+        "meta_init", "checkpoint",
     })
 
     def shard(self, model, spec: ShardSpec):
@@ -64,3 +65,12 @@ class ReferenceAdapter(TorchStyleAdapter):
 
     def local_shards(self, model):
         return {name: ri.local_shard(p) for name, p in model.named_parameters()}
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        checkpoint.save(path, model, optimizer, scaler)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        checkpoint.load(path, model, optimizer, scaler)
+
+    def full_state_dict(self, model):
+        return checkpoint.full_state_dict(model)

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from conformance.adapters import dcp
 from conformance.adapters.dtensors import full_tensors
 from conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
@@ -30,7 +31,7 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
     capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
-        "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_grads",
+        "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_grads", "checkpoint",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
@@ -93,3 +94,12 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
     def local_shards(self, model):
         # `p.to_local()` returns a fresh view each call (gh-166156): patching it would be lost.
         return {n: p._local_tensor for n, p in model.named_parameters()}
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        dcp.save(model, optimizer, scaler, path)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        dcp.load(model, optimizer, scaler, path)
+
+    def full_state_dict(self, model):
+        return dcp.full_state_dict(model)

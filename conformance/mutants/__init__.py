@@ -79,10 +79,28 @@ mutant-comm-hook-non-atomic           refused root registration leaves earlier u
   (CommHookNonAtomic)
 mutant-hybrid-shard-size-squared      HYBRID_SHARD averages over sws * sws ranks: wrong on non-square meshes              test_explore.py::test_explore
   (HybridShardSizeSquared)            (the fixed matrix has one mesh, (2, 2): it misses it)
+mutant-ckpt-step-reset                optimizer step count not saved (restarts at 0 after a load)                         test_checkpoint.py::test_resume
+  (CheckpointStepReset)                                                                                                   test_checkpoint.py::test_resume_loss_scaling
+                                                                                                                          test_checkpoint_reshard.py::test_reshard
+mutant-ckpt-scaler-not-restored       loss scale and growth tracker not restored on load                                  test_checkpoint.py::test_resume_loss_scaling
+  (CheckpointScalerNotRestored)
+mutant-ckpt-optim-state-not-resharded optimizer state not resharded (own rank's file) at another world size              test_checkpoint_reshard.py::test_reshard
+  (CheckpointOptimStateNotResharded)
+mutant-ckpt-export-local-shard        full_state_dict returns the local shards                                            test_checkpoint.py::test_consolidated_export
+  (CheckpointExportLocalShard)
+mutant-ckpt-load-unchecked            load does not validate files and shapes (errors name nothing)                       test_checkpoint.py::test_bad_input
+  (CheckpointLoadUnchecked)
 ====================================  ==================================================================================  ==================================================================
 """
 
 from conformance.mutants.base import MutantAdapter, applied
+from conformance.mutants.checkpoint import (
+    CheckpointExportLocalShard,
+    CheckpointLoadUnchecked,
+    CheckpointOptimStateNotResharded,
+    CheckpointScalerNotRestored,
+    CheckpointStepReset,
+)
 from conformance.mutants.clip import (
     ClipInfSummed,
     ClipLocalNorm,
@@ -153,6 +171,11 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CommHookRootOnlyChecked,
     CommHookNonAtomic,
     HybridShardSizeSquared,
+    CheckpointStepReset,
+    CheckpointScalerNotRestored,
+    CheckpointOptimStateNotResharded,
+    CheckpointExportLocalShard,
+    CheckpointLoadUnchecked,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

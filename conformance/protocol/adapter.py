@@ -53,6 +53,15 @@ class Trainer(Protocol):
 
     # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
     # engine state) whether it passed or not.
+    #
+    # Optional, with the capability `checkpoint` (docs/checkpoints.md), all collective:
+    #   save(self, path) -> None: write the model, optimizer and loss-scaler state into the directory
+    #     `path` (created if needed; nothing written outside it) in the engine's own format.
+    #   load(self, path) -> None: on a freshly built trainer (possibly at another world size), restore
+    #     what `save` wrote so that training continues the saved trajectory exactly; raise an error
+    #     naming what is wrong (missing file, truncated file, mismatched parameter) on every rank.
+    #   full_state_dict(self) -> dict[str, Tensor]: the consolidated state dict, on every rank, that
+    #     the plain unsharded model accepts with `load_state_dict(strict=True)`.
 
 
 @runtime_checkable
@@ -102,3 +111,13 @@ class TorchAPI(Protocol):
 
     def local_shards(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """{name: the tensor that is all-gathered from}, for monkey-patching all-gather hooks."""
+
+    def save_checkpoint(self, model: nn.Module, optimizer, scaler, path: str) -> None:
+        """Capability `checkpoint`: the engine's own save of model, optimizer and scaler (None
+        without loss scaling) into the directory `path`. Collective."""
+
+    def load_checkpoint(self, model: nn.Module, optimizer, scaler, path: str) -> None:
+        """Capability `checkpoint`: the engine's own load of what `save_checkpoint` wrote. Collective."""
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Capability `checkpoint`: the consolidated state dict of the unsharded model. Collective."""

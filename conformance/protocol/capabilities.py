@@ -29,6 +29,8 @@ BEHAVIOUR = {
     "loss_scaling": "dynamic loss scaling: skip the step on inf/NaN anywhere, back off, grow",
     "mixed_precision_bf16": "compute in bfloat16 with float32 master parameters",
     "mixed_precision_fp16": "compute in float16 with float32 master parameters",
+    "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume, reshard at another "
+                  "world size) and Trainer.full_state_dict() (the consolidated, unsharded state dict)",
 }
 
 API = {

@@ -66,6 +66,16 @@ class TorchStyleTrainer:
     def full_params(self) -> dict[str, torch.Tensor]:
         return {n: p.float() for n, p in self.adapter.full_params(self.model).items()}
 
+    # Capability `checkpoint`: the adapter's save_checkpoint / load_checkpoint / full_state_dict.
+    def save(self, path) -> None:
+        self.adapter.save_checkpoint(self.model, self.optimizer, self.scaler, str(path))
+
+    def load(self, path) -> None:
+        self.adapter.load_checkpoint(self.model, self.optimizer, self.scaler, str(path))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.adapter.full_state_dict(self.model)
+
 
 class TorchStyleAdapter:
     """Base class of adapters that expose torch's APIs: `trainer` comes from `shard` & co.

@@ -32,7 +32,7 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
         ctx, key, lambda: DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group))
     trainer = impl.trainer(model, spec, recipe)
     try:
-        results = _steps(ctx, trainer, reference, recipe, batches, dtype)
+        results = compare_steps(ctx, trainer, reference, recipe, batches, dtype)
         reference.keep()
         return results
     finally:
@@ -40,9 +40,12 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
             trainer.close()
 
 
-def _steps(ctx, trainer, reference, recipe, batches, dtype) -> list:
+def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first: int = 0) -> list:
+    """Train `trainer` and `reference` on `batches` side by side, comparing loss, full gradients,
+    the step's report and full parameters after every step (numbered from `first` in messages);
+    return the reference's StepResults."""
     results = []
-    for i, batch in enumerate(batches):
+    for i, batch in enumerate(batches, start=first):
         loss = trainer.forward_backward(batch)
         ref_loss = reference.forward_backward(batch)
         assert_close(ctx, loss.float(), ref_loss.float(), f"step {i} loss", dtype=dtype)

@@ -1,0 +1,59 @@
+"""Checkpoints through torch Distributed Checkpoint (DCP), for the DTensor engines (FSDP2, ...).
+
+`save` / `load`: the model's and optimizer's sharded state dicts from
+`torch.distributed.checkpoint.state_dict.get_state_dict` (names of the unsharded model), plus the
+grad scaler's state, written by `dcp.save` into the directory (one `.distcp` file per rank and a
+`.metadata` index) and read back by `dcp.load` into a fresh trainer's state dicts, which DCP reshards
+to the trainer's own layout, then applied with `set_state_dict`. `full_state_dict`: the model's full
+state dict on every rank (`StateDictOptions(full_state_dict=True)`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+
+def group_of(model) -> dist.ProcessGroup | None:
+    """The process group spanning the model's ranks: its DTensors' mesh, or the wrapper's
+    `process_group` (FSDP1, DDP); None when that is the default group."""
+    mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    if mesh is not None:
+        if mesh.size() == dist.get_world_size():
+            return None
+        return mesh.get_group() if mesh.ndim == 1 else mesh._flatten().get_group()
+    group = getattr(model, "process_group", None)
+    return None if group is None or dist.get_world_size(group) == dist.get_world_size() else group
+
+
+def _state(model, optimizer, scaler) -> dict:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    return state
+
+
+def save(model, optimizer, scaler, path: str) -> None:
+    dcp.save(_state(model, optimizer, scaler), checkpoint_id=path, process_group=group_of(model))
+
+
+def load(model, optimizer, scaler, path: str) -> None:
+    state = _state(model, optimizer, scaler)
+    dcp.load(state, checkpoint_id=path, process_group=group_of(model))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if scaler is not None:
+        scaler.load_state_dict(state["scaler"])
+
+
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {n: t.detach().clone() for n, t in full.items()}
