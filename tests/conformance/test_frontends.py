@@ -26,8 +26,8 @@ def _needs(module: str):
 
 
 def _cells(impl: str, *, env=None, k: str = CELLS):
-    return warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py", "--impl", impl,
-                            "--world-sizes", "2", "-q", "-rxs", "-o", "addopts=", "-p", "no:cacheprovider", "-k", k],
+    return warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py", "--shardcheck-impl", impl,
+                            "--shardcheck-world-sizes", "2", "-q", "-rxs", "-o", "addopts=", "-p", "no:cacheprovider", "-k", k],
                            cwd=ROOT, timeout=600, env=env)
 
 
