@@ -65,7 +65,8 @@ class ExternalWorld:
                               device=device_for(self.backend, self.launch.local_rank), mode="external",
                               group=group, _meshes=self.meshes.setdefault(world_size, {}))
             mine = execute(task, ctx)
-            settle(mine, self.before, self.settings, self.ledger)
+            settle(mine, self.before, self.ledger)
+            self.settings.restore()
         else:
             mine = RankResult(rank, "passed", "idle: outside this test's world")
         everyone: list = [None] * self.launch.world_size

@@ -25,13 +25,13 @@ inside a C library. A test that needs such changes runs in fresh processes (`--s
 
 from __future__ import annotations
 
-import operator
 import os
 import signal
 import stat
 import sys
 import threading
 import time
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +43,7 @@ from harness.ledger import CollectiveLedger
 
 THREAD_GRACE_S = 0.2  # how long threads a body started get to end after it returned
 # Modules whose functions a test may monkeypatch and forget (a collective wrapped for counting, say):
-# a replaced attribute is refused, since no generic undo exists. (torch's own namespace, 1,500 names,
-# would cost 20 us a test; these cost 8.)
+# a replaced function is refused, since no generic undo exists.
 WATCHED_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.nn.functional")
 
 
@@ -168,10 +167,23 @@ def _children() -> set[int]:
         return set()
 
 
-def _functions(module) -> tuple[tuple[str, ...], tuple]:
-    """(names, objects) of a module's public callables (functions, classes), as now."""
-    names = tuple(n for n, v in vars(module).items() if not n.startswith("_") and callable(v))
-    return names, operator.itemgetter(*names)(vars(module))
+class WatchedModule(types.ModuleType):
+    """A watched module's class (WATCHED_MODULES): it notes each attribute assigned from outside the
+    module (a monkeypatch: `setattr`, `mock.patch`), so that finding one left behind costs nothing
+    per test. The module's own global assignments do not pass here, and need not."""
+
+    assigned: set[tuple[str, str]] = set()  # (module, attribute) assigned since the last look
+
+    def __setattr__(self, attr, value):
+        WatchedModule.assigned.add((self.__name__, attr))
+        super().__setattr__(attr, value)
+
+
+def _watch(module) -> dict:
+    """Watch `module` (its class becomes WatchedModule); {name: object} of its public callables now."""
+    if type(module) is types.ModuleType:
+        module.__class__ = WatchedModule
+    return {n: v for n, v in vars(module).items() if not n.startswith("_") and callable(v)}
 
 
 @dataclass
@@ -185,29 +197,21 @@ class Baseline:
     children: set[int] = field(default_factory=set)
     default_group: Any = None
     lowest_free: int = -1
-    namespaces: dict[str, tuple] = field(default_factory=dict)  # WATCHED_MODULES' functions (`_functions`)
+    namespaces: dict[str, dict] = field(default_factory=dict)  # WATCHED_MODULES' public callables (`_watch`)
 
     @classmethod
     def take(cls) -> "Baseline":
         held = {fd for fd in _descriptors() if _is_open(fd)}
         return cls(set(threading.enumerate()), held, _children(),
                    dist.group.WORLD if dist.is_initialized() else None, _lowest_free(held),
-                   {name: _functions(sys.modules[name]) for name in WATCHED_MODULES if name in sys.modules})
+                   {name: _watch(sys.modules[name]) for name in WATCHED_MODULES if name in sys.modules})
 
     def replaced(self) -> list[str]:
-        """The public functions and classes of WATCHED_MODULES bound to another object since (a
-        monkeypatch left behind); a module's state variables may change, and are not looked at."""
-        found = []
-        for name, (names, values) in self.namespaces.items():
-            namespace = vars(sys.modules[name])
-            try:
-                if operator.itemgetter(*names)(namespace) == values:  # one comparison in C: the usual case
-                    continue
-            except KeyError:
-                pass  # one was deleted
-            found += [f"{name}.{attr}" for attr, value in zip(names, values) if namespace.get(attr) is not value]
-        return found
-
+        """The public functions and classes of WATCHED_MODULES assigned since and bound to another
+        object now (a monkeypatch left behind; one undone within the test is not)."""
+        assigned, WatchedModule.assigned = WatchedModule.assigned, set()
+        return sorted(f"{name}.{attr}" for name, attr in assigned if attr in self.namespaces.get(name, {})
+                      and vars(sys.modules[name]).get(attr) is not self.namespaces[name][attr])
 
     def new_files(self) -> dict[int, str]:
         """{fd: path} of the regular files opened since. A descriptor opened and left open takes the
@@ -267,9 +271,10 @@ def refuse(result, left: list[str]) -> None:
                           " (the next test would inherit it; these ranks are retired)")
 
 
-def settle(result, before: Baseline, settings: Settings, ledger: CollectiveLedger | None) -> None:
-    """After a body, on its rank: fail it for what it left behind, hand the parent this rank's
-    collective counts (compared across ranks by `unmatched`), and set the settings back."""
+def settle(result, before: Baseline, ledger: CollectiveLedger | None) -> None:
+    """After a body, on its rank: fail it for what it left behind and hand the parent this rank's
+    collective counts (compared across ranks by `unmatched`). The settings are set back after the
+    result is sent (`Settings.restore`): the verdict does not wait for it."""
     left = leftovers(before)
     pending = ledger.outstanding(THREAD_GRACE_S) if ledger is not None else []
     if pending:
@@ -279,4 +284,3 @@ def settle(result, before: Baseline, settings: Settings, ledger: CollectiveLedge
     refuse(result, left)
     if ledger is not None:
         result.collectives = {"counts": ledger.counts(), "issued": ledger.take_issued()}
-    settings.restore()

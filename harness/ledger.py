@@ -76,19 +76,20 @@ class CollectiveLedger:
         params = list(inspect.signature(fn).parameters)
         at = params.index("group") if "group" in params else None
 
+        depth = self._depth
+
         @functools.wraps(fn)
         def collective(*args, **kwargs):
-            if not getattr(self._depth, "n", 0):  # the outermost call names the collective
-                group = kwargs.get("group", args[at] if at is not None and len(args) > at else None)
-                group = dist.group.WORLD if group is None else group
-                if isinstance(group, torch._C._distributed_c10d.ProcessGroup):
-                    self.issued[(self._key(group), name)] += 1
-            self._depth.n = getattr(self._depth, "n", 0) + 1
+            if getattr(depth, "n", 0):  # inside another collective of the API: it was named
+                return fn(*args, **kwargs)
+            group = kwargs.get("group", args[at] if at is not None and len(args) > at else None)
+            self.issued[(group, name)] += 1  # the group's key is made in take_issued, not here
+            depth.n = 1
             try:
                 out = fn(*args, **kwargs)
             finally:
-                self._depth.n -= 1
-            if self._depth.n == 0 and hasattr(out, "is_completed"):  # async_op=True: a Work to wait on
+                depth.n = 0
+            if hasattr(out, "is_completed"):  # async_op=True: a Work to wait on
                 self._works.append((name, weakref.ref(out)))
             return out
         return collective
@@ -117,10 +118,12 @@ class CollectiveLedger:
         return out
 
     def take_issued(self) -> dict[str, dict[str, int]]:
-        """{group: {kind: calls}} since the last call."""
+        """{group: {kind: calls}} since the last call (a call without a group is the default one's)."""
         out: dict[str, dict[str, int]] = {}
         for (group, kind), n in self.issued.items():
-            out.setdefault(group, {})[kind] = n
+            group = dist.group.WORLD if group is None else group
+            if isinstance(group, torch._C._distributed_c10d.ProcessGroup):
+                out.setdefault(self._key(group), {})[kind] = out.get(self._key(group), {}).get(kind, 0) + n
         self.issued.clear()
         return out
 

@@ -135,12 +135,13 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
                           mode=mode, _meshes=meshes)
         dist.barrier()  # every rank is alive and between tests before the body starts
         result = execute(task, ctx)
-        settle(result, before, settings, ledger)
+        settle(result, before, ledger)
         sys.stdout.flush()
         sys.stderr.flush()
         if state is not None:
             state[rank] = -task.seq  # idle from here on: a death now belongs to this test
         conn.send(result)
+        settings.restore()  # for the next test, while the parent reads this one's verdict
     try:
         dist.destroy_process_group()
     finally:
