@@ -103,14 +103,18 @@ def spec(ctx, config: Config) -> ShardSpec:
 
 
 def recipe(config: Config) -> Recipe:
-    """The optimizer, clipping and loss scaling of `config`."""
+    """The optimizer, clipping and loss scaling of `config`; its frozen and tied parameters by name."""
     kwargs = {"momentum": config.momentum} if config.optimizer == "sgd" else {}
     optimizer = Optimizer(config.optimizer, lr=config.lr, weight_decay=config.weight_decay, **kwargs)
     clip = Clip(config.max_norm, config.norm_type) if config.max_norm is not None else None
     scaling = None
     if config.loss_scale is not None:
         scaling = LossScale(init_scale=config.loss_scale, growth_interval=config.growth_interval)
-    return Recipe(loss_fn=loss_fn(config.grad_scale), optimizer=optimizer, clip=clip, loss_scale=scaling)
+    frozen = tuple(f"blocks.{i}.lin.{name}" for i in sorted(config.frozen)
+                   for name in ("weight", "bias") if name == "weight" or config.bias[i])
+    tied = (("blocks.0.lin.weight", f"blocks.{config.depth - 1}.lin.weight"),) if config.tied else ()
+    return Recipe(loss_fn=loss_fn(config.grad_scale), optimizer=optimizer, clip=clip, loss_scale=scaling,
+                  frozen=frozen, tied=tied)
 
 
 def tolerance_dtype(config: Config) -> torch.dtype | None:

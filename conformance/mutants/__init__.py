@@ -92,16 +92,15 @@ mutant-ckpt-export-local-shard        full_state_dict returns the local shards  
 mutant-ckpt-load-unchecked            load does not validate files and shapes (errors name nothing)                       test_checkpoint.py::test_bad_input
   (CheckpointLoadUnchecked)
 mutant-accumulation-overwrite         accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)    test_training_loop.py::test_training_loop
-  (AccumulationOverwrite)             exactly the cells [*-accumulate-*]
-mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outside autograd (their gradient lost)        test_training_loop.py::test_training_loop
-  (DetachedInputCast)                 exactly the bf16/fp16 cells of every shape but frozen, and                          test_training_loop.py::test_low_precision_grads_norm
-                                      test_low_precision_grads_norm
-mutant-mp-reduce-lost-after-eval      reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)  test_training_loop.py::test_training_loop
-  (ReduceDtypeLostAfterEval)          exactly the cells [*-eval_between-bf16|fp16]
+  (AccumulationOverwrite)             exactly the cells [*-accumulate-*]                                                  test_training_loop.py::test_training_loop_mixed_precision
+mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outside autograd (their gradient lost)        test_training_loop.py::test_training_loop_mixed_precision
+  (DetachedInputCast)                 exactly: every shape but frozen, and every low-precision-gradient cell              test_training_loop.py::test_low_precision_grads_norm
+mutant-mp-reduce-lost-after-eval      reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)  test_training_loop.py::test_training_loop_mixed_precision
+  (ReduceDtypeLostAfterEval)          exactly the cells [*-eval_between-*]
 mutant-clip-norm-in-grad-dtype        clip norm accumulated and reduced in the gradient dtype (bfloat16), not float32     test_training_loop.py::test_low_precision_grads_norm
   (NormInGradDtype)
 mutant-no-sync-held-dropped           gradients held under no_sync dropped on the last micro-batch's reduction            test_training_loop.py::test_training_loop
-  (UnsyncedDroppedOnLast)             exactly the cells [*-accumulate_no_sync-*]
+  (UnsyncedDroppedOnLast)             exactly the cells [*-accumulate_no_sync-*]                                          test_training_loop.py::test_training_loop_mixed_precision
 ====================================  ==================================================================================  ==================================================================
 """
 

@@ -18,6 +18,8 @@ from torch.utils._pytree import tree_map
 from conformance.mutants.base import MutantAdapter, replace
 
 LOOP = "test_training_loop.py::test_training_loop"
+MIXED = "test_training_loop.py::test_training_loop_mixed_precision"
+LOW_GRADS = "test_training_loop.py::test_low_precision_grads_norm"
 
 
 def _module(name: str):
@@ -31,8 +33,8 @@ class AccumulationOverwrite(MutantAdapter):
 
     name = "mutant-accumulation-overwrite"
     bug = "accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)"
-    checks = (LOOP,)
-    cells = ("test_training_loop[*-accumulate-*]",)
+    checks = (LOOP, MIXED)
+    cells = ("test_training_loop[*-accumulate-*]", "test_training_loop_mixed_precision[*-accumulate-*]")
 
     def patch(self) -> None:
         def overwrite(param, grad, dtype):
@@ -48,12 +50,9 @@ class DetachedInputCast(MutantAdapter):
 
     name = "mutant-mp-detached-input-cast"
     bug = "unit inputs cast to the compute dtype outside autograd (their gradient lost)"
-    checks = (LOOP, "test_training_loop.py::test_low_precision_grads_norm")
-    cells = ("test_low_precision_grads_norm[*]", "test_training_loop[*-accumulate-bf16]", "test_training_loop[*-accumulate-fp16]",
-             "test_training_loop[*-accumulate_no_sync-bf16]", "test_training_loop[*-accumulate_no_sync-fp16]",
-             "test_training_loop[*-eval_between-bf16]", "test_training_loop[*-eval_between-fp16]",
-             "test_training_loop[*-tied-bf16]", "test_training_loop[*-tied-fp16]",
-             "test_training_loop[*-unused-bf16]", "test_training_loop[*-unused-fp16]")
+    checks = (MIXED, LOW_GRADS)
+    cells = ("test_low_precision_grads_norm[*]", *(f"test_training_loop_mixed_precision[*-{shape}-*]" for shape in
+                                                   ("accumulate", "accumulate_no_sync", "eval_between", "tied", "unused")))
 
     def patch(self) -> None:
         def detached(tree, dtype):
@@ -72,8 +71,8 @@ class ReduceDtypeLostAfterEval(MutantAdapter):
 
     name = "mutant-mp-reduce-lost-after-eval"
     bug = "reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)"
-    checks = (LOOP,)
-    cells = ("test_training_loop[*-eval_between-bf16]", "test_training_loop[*-eval_between-fp16]")
+    checks = (MIXED,)
+    cells = ("test_training_loop_mixed_precision[*-eval_between-*]",)
 
     def patch(self) -> None:
         sharding = _module("sharding")
@@ -96,7 +95,7 @@ class NormInGradDtype(MutantAdapter):
 
     name = "mutant-clip-norm-in-grad-dtype"
     bug = "clip norm accumulated and reduced in the gradient dtype (bfloat16), not float32"
-    checks = ("test_training_loop.py::test_low_precision_grads_norm",)
+    checks = (LOW_GRADS,)
     cells = ("test_low_precision_grads_norm[*]",)
 
     def patch(self) -> None:
@@ -116,8 +115,8 @@ class UnsyncedDroppedOnLast(MutantAdapter):
 
     name = "mutant-no-sync-held-dropped"
     bug = "gradients held under no_sync dropped on the last micro-batch's reduction"
-    checks = (LOOP,)
-    cells = ("test_training_loop[*-accumulate_no_sync-*]",)
+    checks = (LOOP, MIXED)
+    cells = ("test_training_loop[*-accumulate_no_sync-*]", "test_training_loop_mixed_precision[*-accumulate_no_sync-*]")
 
     def patch(self) -> None:
         def dropped(unit, grads):

@@ -7,7 +7,7 @@ trailing ranks of 4 with fewer rows or none. A shape changes one thing:
 
     accumulate          3 micro-batches per step, gradients synced on every one
     accumulate_no_sync  3 micro-batches per step, synced on the last only
-    eval_between        an eval forward before steps 0 and 2 (step 0's first forward has no grad)
+    eval_between        an eval forward before each step (step 0's first forward has no grad)
     frozen              embed's parameters do not require gradients
     unused              `spare` is never called: its parameters get no gradient on any rank
     tied                decode.weight IS embed.weight (one parameter, two modules)
@@ -57,12 +57,12 @@ def _builder(shape: str):
 SHAPES = {  # name: the Recipe fields it sets
     "accumulate": dict(accumulation_steps=3),
     "accumulate_no_sync": dict(accumulation_steps=3, sync_each_micro_batch=False),
-    "eval_between": dict(eval_every=2),
+    "eval_between": dict(eval_every=1),
     "frozen": dict(frozen=("embed.weight", "embed.bias")),
     "unused": dict(unused=("spare.weight", "spare.bias")),
     "tied": dict(tied=(("embed.weight", "decode.weight"),)),
 }
-STEPS = {"eval_between": 3}  # steps per shape (default 2): evaluations before steps 0 and 2
+STEPS = 2  # steps per cell: the second runs on what the first step left (held gradients, state)
 BUILDS = {shape: _builder(shape) for shape in (*SHAPES, "plain")}  # one object per shape: shared references match
 UNITS = ("body",)
 
@@ -80,7 +80,7 @@ def batches(ctx, shape: str) -> list:
     """Per step: one (x, y), or the list of `accumulation_steps` of them; different per rank."""
     k = SHAPES.get(shape, {}).get("accumulation_steps", 1)
     out = []
-    for step in range(STEPS.get(shape, 2)):
+    for step in range(STEPS):
         micro = []
         for j in range(k):
             with ctx.seeded(1000 * step + 100 * j + ctx.rank):
