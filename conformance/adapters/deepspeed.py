@@ -6,7 +6,9 @@ clips by the global L2 norm and updates. Strategies map to the nearest ZeRO stag
 SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only optimizer state sharded), HYBRID_SHARD -> 3 with hpZ
 (parameters gathered within the mesh's shard groups). Not declared: norm types other than 2 (its
 `gradient_clipping` is L2 only), loss scaling (only in its fp16 mode, never over float32 compute),
-fp16 (its master weights come from the cast model, FINDINGS F13).
+fp16 (its master weights come from the cast model, FINDINGS F13). Accumulation is its own
+(`gradient_accumulation_steps`); gradients synced on the last micro-batch only (`no_sync`) and frozen
+parameters are not declared (not mapped yet).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class DeepSpeedTrainer:
     def __init__(self, ds, model, spec, recipe):
         self.recipe, self.clip, mp = recipe, recipe.clip, spec.mixed_precision
         config = {
-            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": spec.mesh.size(),
+            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": recipe.accumulation_steps,
+            "train_batch_size": spec.mesh.size() * recipe.accumulation_steps,
             "gradient_clipping": float(self.clip.max_norm) if self.clip else 0.0,  # its default is 1.0
             "zero_allow_untested_optimizer": True,  # a client torch optimizer (SGD is "untested")
             "zero_optimization": {"stage": STAGES[spec.strategy]},
@@ -54,9 +57,22 @@ class DeepSpeedTrainer:
                 a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
 
     def forward_backward(self, batch):
+        """As DeepSpeed's users accumulate: `gradient_accumulation_steps` k in the config,
+        `engine.backward(loss)` (it divides by k) and `engine.step()` after every micro-batch, which
+        only counts until the boundary (the k-th step is this trainer's `step`)."""
         loss = self.recipe.loss_fn(self.engine, batch)
         self.engine.backward(loss)
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()
         return loss.detach()
+
+    def evaluate(self, batch):
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                return self.recipe.loss_fn(self.engine, batch).detach()
+        finally:
+            self.engine.train()
 
     def full_grads(self):
         from deepspeed.utils import safe_get_full_grad
@@ -83,7 +99,7 @@ class DeepSpeedAdapter:
     name = "deepspeed"
     version = importlib.metadata.version("deepspeed")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
-                              "mixed_precision_bf16"})
+                              "mixed_precision_bf16", "grad_accumulation", "eval_forward", "unused_params"})
 
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:

@@ -135,13 +135,14 @@ def magnitude(precision: dict):
 def loop(draw, capabilities, precision: dict) -> dict:
     """The loop around the step, where declared: 1 to 3 micro-batches per step, synced on each or on
     the last only, an evaluation forward every 1 or 2 steps. Nothing is drawn for an implementation
-    without these capabilities, so its examples stay as they were. Sync on the last micro-batch only
-    with a float32 reduce: a low-precision reduce of the held sum and a sum of low-precision reduces
-    round in different places (implementation-defined, like the order of a sum across ranks)."""
+    without these capabilities, so its examples stay as they were. Accumulation in float32 only:
+    with a low-precision dtype the sum over micro-batches rounds wherever an engine keeps it (the
+    held sum's dtype, a loss scaler's exponent), implementation-defined like the order of a sum
+    across ranks; the training_loop family judges mixed precision with a float32 reduction."""
     out = {}
-    if "grad_accumulation" in capabilities:
+    if "grad_accumulation" in capabilities and precision == {"param_dtype": "fp32", "reduce_dtype": "fp32"}:
         out["accumulation"] = draw(st.integers(1, 3))
-        if out["accumulation"] > 1 and "no_sync" in capabilities and precision["reduce_dtype"] == "fp32":
+        if out["accumulation"] > 1 and "no_sync" in capabilities:
             out["sync_each"] = draw(st.booleans())
     if "eval_forward" in capabilities:
         out["eval_every"] = draw(st.sampled_from((0, 1, 2)))
