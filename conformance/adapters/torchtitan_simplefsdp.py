@@ -55,12 +55,30 @@ class SimpleFSDPTrainer:
         self.optimizer = recipe.optimizer.build(self.model.parameters())
 
     def forward_backward(self, batch):
+        """loss / k backward (k micro-batches per step); the gradient it adds, summed over the ranks,
+        divided by W before it joins what earlier micro-batches left: g += sum_r(grad_r) / W. Every
+        backward reduces (SimpleFSDP has no way to hold gradients unreduced: no `no_sync`)."""
+        k = self.recipe.accumulation_steps
+        params = list(self.model.parameters())
+        held = [p.grad for p in params]
+        for p in params:
+            p.grad = None
         loss = self.recipe.loss_fn(self.model, batch)
-        loss.backward()
-        for p in self.model.parameters():  # summed over the ranks: the mean is sum(g) / W
-            if p.grad is not None:
+        (loss / k if k > 1 else loss).backward()
+        for p, h in zip(params, held):
+            if p.grad is not None:  # summed over the ranks: the mean is sum(g) / W
                 p.grad.div_(self.dp_size)
+            if h is not None:
+                p.grad = h if p.grad is None else h.add_(p.grad)
         return loss.detach()
+
+    def evaluate(self, batch):
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self.recipe.loss_fn(self.model, batch).detach()
+        finally:
+            self.model.train()
 
     def full_grads(self):
         return full_tensors({n: p.grad for n, p in self.model.named_parameters()})
@@ -81,7 +99,8 @@ class SimpleFSDPAdapter:
     name = "torchtitan-simplefsdp"
     version = importlib.metadata.version("torchtitan")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_1",
-                              "clip_norm_2", "clip_norm_inf", "mixed_precision_bf16", "mixed_precision_fp16"})
+                              "clip_norm_2", "clip_norm_inf", "mixed_precision_bf16", "mixed_precision_fp16",
+                              "grad_accumulation", "eval_forward", "unused_params"})
 
     def trainer(self, model, spec, recipe):
         if len(spec.strategies) > 1 or spec.offload:
