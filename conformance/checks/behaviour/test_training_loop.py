@@ -39,10 +39,12 @@ def _needs(params) -> set[str]:
 
 
 def _loop(ctx, impl, shape, strategy, precision, recipe, steps=None):
+    """`steps` of `recipe` on LoopNet[shape] in parity with unsharded training, the dtype contract
+    watched. Tolerance: float32's (both sides compute the same low-precision values and reduce in
+    float32), bfloat16's where the gradients themselves stay bfloat16."""
     policy = loops.PRECISIONS[precision][0]
     spec = ShardSpec(strategy=strategy, units=loops.UNITS, mesh=ctx.mesh(), mixed_precision=policy)
-    dtype = policy.reduce_dtype if policy is not None and policy.reduce_dtype != policy.param_dtype else None
-    dtype = policy.param_dtype if policy is not None and policy.keep_low_precision_grads else dtype
+    dtype = policy.param_dtype if policy is not None and policy.keep_low_precision_grads else None
     train_in_parity(ctx, impl, loops.BUILDS[shape], spec, recipe, loops.batches(ctx, shape)[:steps], dtype=dtype,
                     watch=Watch)
 
