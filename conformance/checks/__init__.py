@@ -11,7 +11,7 @@ test_<family>*.py.
 from pathlib import Path
 
 LAYERS = {
-    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint"),
+    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint", "sharding"),
     "api": ("clip_grad", "grad_scaler", "extensions", "comm_hooks"),
 }
 FAMILIES = tuple(f for families in LAYERS.values() for f in families)

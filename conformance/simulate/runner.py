@@ -14,7 +14,7 @@ FORMAT_VERSION = 2  # of the simulate report: its own format, not the conformanc
 # 2: target.mesh / strategy, classes, the every_rank_by_class cell, groups of each collective kind
 
 from . import verdicts
-from .expected import Mesh, expected_row, rank_classes, representative_ranks, units_of
+from .expected import Mesh, describe_ranks, expected_row, rank_classes, representative_ranks, units_of
 from .fake_group import fake_world
 from .impls import simulator
 from .presets import build
@@ -61,7 +61,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, step: 
                  verdicts.bytes_within_ceil_bound(measured, expected, rank)]
         collectives = expected_collectives = None
         if step:
-            collectives = sim.step(model).by_kind()
+            collectives = sim.step(model).by_kind(describe_ranks)
             expected_collectives = sim.expected(units, mesh, rank)
             cells.append(verdicts.collectives_per_step(collectives, expected_collectives, rank))
     fields = ("name", "shape", "local_shape", "padded_rows", "bytes", "storage_bytes")
