@@ -34,7 +34,7 @@ KINDS = {  # op name prefix (overload stripped) -> kind; first match wins
     "allreduce": "all_reduce", "all_reduce": "all_reduce",
     "broadcast": "broadcast", "all_to_all": "all_to_all", "alltoall": "all_to_all",
 }
-IGNORED = ("wait_tensor", "barrier", "monitored_barrier")
+IGNORED = ("wait_tensor", "barrier", "monitored_barrier", "_wrap_tensor_autograd")
 RING_FACTOR = {"all_reduce": 2.0}  # bytes sent per rank = factor * V * (n - 1) / n; 1 for the others
 
 

@@ -90,6 +90,15 @@ mutant-ckpt-export-local-shard        full_state_dict returns the local shards  
   (CheckpointExportLocalShard)
 mutant-ckpt-load-unchecked            load does not validate files and shapes (errors name nothing)                       test_checkpoint.py::test_bad_input
   (CheckpointLoadUnchecked)
+mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARDtest_sharding.py::test_sharding
+  (ReplicatesDeclaresFullShard)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
+mutant-no-reshard-after-forward       FULL_SHARD never reshards after forward (gathered parameters kept until backward)   test_sharding.py::test_sharding
+  (NoReshardAfterForward)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
+mutant-unsharded-optimizer-state      optimizer state kept at full size on every rank (parameters and gradients sharded)  test_sharding.py::test_sharding
+  (UnshardedOptimizerState)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -115,6 +124,9 @@ from conformance.mutants.comm import (
     CommHookNonRootAccepted,
     CommHookReregister,
     CommHookRootOnlyChecked,
+)
+from conformance.mutants.footprint import (
+    NoReshardAfterForward, ReplicatesDeclaresFullShard, UnshardedOptimizerState,
 )
 from conformance.mutants.extensions import (
     ExtensionHooksIgnored,
@@ -176,6 +188,9 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CheckpointOptimStateNotResharded,
     CheckpointExportLocalShard,
     CheckpointLoadUnchecked,
+    ReplicatesDeclaresFullShard,
+    NoReshardAfterForward,
+    UnshardedOptimizerState,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]
