@@ -75,6 +75,7 @@ def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict) -> tup
             failures.append(f"{name}: {_kb(got)} per rank, {got / base:.2f}x of unsharded at shard size {n}; "
                             f"{strategy} promises <= {bound / base:.2f}x ({_kb(bound)})")
     figures["backward"] = {"measured": measured["backward"], "unsharded": u["backward"]}
+    figures["rest"]["by_kind"] = {k: v for k, v in measured["rest"].items() if k != "total"}
     kept = measured["forward"] - unsharded["forward"]
     figures["forward"] = {"measured": measured["forward"], "unsharded": unsharded["forward"],
                           "gathered": kept, "bound": KEPT_GATHERED * p}
