@@ -6,7 +6,9 @@ state, all-gather buffers, autograd's saved activations), including those only C
 storage is counted from the op that created it until it is freed (a weak reference's callback)
 or resized (FSDP frees a gathered parameter with `UntypedStorage.resize_(0)`, which no op
 dispatches: the method is wrapped while a tracker is active). Storages that existed before the
-tracker are never counted, so a measurement holds what was built under it and nothing else.
+tracker are never counted, so a measurement holds what was built under it and nothing else; nor are
+the few bytes of tensors made from Python data (`torch.tensor(0.0)`, Adam's step counter), which pass
+no dispatcher op.
 
     live   = sum of the counted storages' current sizes
     peak   = max of live since the last `mark()`
