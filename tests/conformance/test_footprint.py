@@ -115,3 +115,22 @@ def test_no_shard_promises_traffic_only_and_one_rank_promises_no_traffic():
     assert promises.judge("NO_SHARD", 1, 2, replicated, UNSHARDED)[0] == []
     assert promises.sent_formula("NO_SHARD", P, 1, 2) == P
     assert promises.judge("FULL_SHARD", 1, 1, _footprint(3 * P, 2 * P, P, 50 + P), UNSHARDED)[0] == []
+
+
+def _cell(impl, ws, strategy, held):
+    figures = {"strategy": strategy, "rest": {"measured": held, "unsharded": 100}}
+    return (impl, f"test_sharding[ws{ws}-{strategy}]"), {"world_size": ws, "footprint": figures}
+
+
+def test_the_matrix_shows_memory_per_rank_against_world_size():
+    from conformance.report import footprints
+
+    cells = dict(_cell(impl, ws, "FULL_SHARD", held) for impl, ws, held in
+                 (("a", 1, 100), ("a", 2, 50), ("a", 4, 25), ("b", 2, 100), ("b", 4, 100)))
+    cells.update([_cell("a", 4, "NO_SHARD", 100), (("a", "test_other[ws2]"), {"world_size": 2, "footprint": None})])
+    assert footprints.table(cells) == {"FULL_SHARD": {"a": {1: 1.0, 2: 0.5, 4: 0.25}, "b": {2: 1.0, 4: 1.0}},
+                                       "NO_SHARD": {"a": {4: 1.0}}}
+    lines = footprints.markdown(cells, "memory.svg")
+    assert "![memory per rank against world size](memory.svg)" in lines
+    assert "| FULL_SHARD | b | – | 1.00 | 1.00 |" in lines
+    assert footprints.chart_svg(cells).lstrip().startswith("<?xml")
