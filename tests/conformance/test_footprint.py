@@ -134,3 +134,31 @@ def test_the_matrix_shows_memory_per_rank_against_world_size():
     assert "![memory per rank against world size](memory.svg)" in lines
     assert "| FULL_SHARD | b | – | 1.00 | 1.00 |" in lines
     assert footprints.chart_svg(cells).lstrip().startswith("<?xml")
+
+
+class ReplicatingFullShard:
+    """A liar for simulate: the reference replicating (NO_SHARD: whole parameters, gradients and Adam
+    state on every rank) under a FULL_SHARD label."""
+
+    name, version = "replicating-full-shard", "0"
+    capabilities = frozenset({"full_shard"})
+
+    def trainer(self, model, spec, recipe):
+        from conformance.adapters.reference import ReferenceAdapter
+        from conformance.protocol import ShardSpec
+
+        return ReferenceAdapter().trainer(model, ShardSpec(strategy="NO_SHARD", mesh=spec.mesh), recipe)
+
+
+def test_simulate_any_adapter_through_its_trainer_at_a_large_world_size():
+    """simulate's trainer path (conformance/simulate/trainers.py) at 256 ranks on the fake group:
+    FSDP2 holds about 1/256 of unsharded training; the replicating liar holds all of it."""
+    from conformance.simulate import trainers
+
+    honest = trainers.simulate_rank("torch-fsdp2", 256, "tiny", 255)
+    assert honest["figures"]["rest"]["ratio"] < 0.05 and honest["figures"]["optimizer"]["ratio"] < 0.05
+    liar = trainers.simulate_rank(f"{__name__}:ReplicatingFullShard", 256, "tiny", 0)
+    assert liar["figures"]["rest"]["ratio"] >= 1.0
+    assert any(f.startswith("held between steps") for f in liar["failures"])
+    with pytest.raises(ValueError, match="does not declare full_shard"):
+        trainers.simulate("ddp", 8, "tiny")

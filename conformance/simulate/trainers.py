@@ -1,0 +1,131 @@
+"""`shardcheck simulate` for any registered implementation: its own trainer (the behaviour protocol,
+`Adapter.trainer`) on torch's fake process group, measured by the family sharding's instruments
+(conformance/measure: bytes held by kind, gathered after forward, collectives) and judged by the same
+promises (conformance/measure/promises.py). Nothing here knows any engine.
+
+One process plays one rank of N (fake_group.fake_world): the model is built on the CPU (a preset,
+every rank alike), handed to the trainer with every transformer block as a unit, and trained one
+step; the collectives return at once with meaningless data, so nothing is compared but bytes. The
+unsharded figures are the model's arithmetic, not a run (unsharded training of a billion parameters
+does not fit a rank): parameters P, Adam's two moments 2P, gradients P, and no activation worth
+counting at the presets' few tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from conformance import adapters
+from conformance.measure import footprint, promises
+from conformance.protocol import Optimizer, Recipe, ShardSpec
+
+from .fake_group import fake_world
+from .presets import build
+
+
+class _Rank:
+    """What `footprint.measure` asks of a rank: its device and seeded construction."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.device = rank, torch.device("cpu")
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+
+
+def _loss(model, tokens):
+    return model(tokens).float().mean()
+
+
+RECIPE = Recipe(loss_fn=_loss, optimizer=Optimizer("adam", lr=1e-3))
+
+
+def unsharded_figures(parameter_bytes: int) -> dict:
+    """Unsharded data-parallel training of `parameter_bytes` float32 parameters with Adam, by
+    arithmetic (the module doc)."""
+    p = parameter_bytes
+    return {"rest": {"total": 3 * p, "optimizer": 2 * p, "parameters": p, "gradients": 0, "other": 0},
+            "gradients": p, "backward": p, "forward": 0, "peak": 4 * p, "traffic": {}}
+
+
+def simulate_rank(impl: str, world_size: int, model_name: str, rank: int) -> dict:
+    """One rank of `world_size`: FULL_SHARD by `impl`'s trainer, its figures and broken promises."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    adapter = adapters.load(impl)
+    if "full_shard" not in adapter.capabilities:
+        raise ValueError(f"{impl} does not declare full_shard: nothing to simulate through its trainer")
+    started = time.perf_counter()
+    with fake_world(rank, world_size):
+        shape = build(model_name)  # on meta: the parameter count, for free
+        p = sum(t.numel() * 4 for t in shape.parameters())
+        units = tuple(f"blocks.{i}" for i in range(len(shape.blocks)))
+        spec = ShardSpec(strategy="FULL_SHARD", units=units, mesh=init_device_mesh("cpu", (world_size,)))
+        tokens = shape.example_input("cpu")
+        measured = footprint.measure(_Rank(rank), lambda: build(model_name, "cpu"),
+                                     lambda model, recipe: adapter.trainer(model, spec, recipe), RECIPE, [tokens])
+    failures, figures = promises.judge("FULL_SHARD", world_size, 1, measured, unsharded_figures(p))
+    return {"rank": rank, "failures": failures, "figures": figures,
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None) -> dict:
+    """Simulate `ranks` (default the first and the last) of `impl`'s FULL_SHARD trainer: a report
+    shaped like runner.simulate's (target, ranks, cells, summary, resources)."""
+    from .runner import max_rss_mib
+
+    if world_size < 1:
+        raise ValueError(f"world size must be positive, got {world_size}")
+    adapters.load(impl)  # a bad name fails before anything is built
+    ranks = sorted(set(ranks or {0, world_size - 1}))
+    for r in ranks:
+        if not 0 <= r < world_size:
+            raise ValueError(f"rank {r} is outside world size {world_size}")
+    started = time.perf_counter()
+    per_rank = [simulate_rank(impl, world_size, model_name, r) for r in ranks]
+    cells = [{"check": "footprint", "rank": r["rank"], "outcome": "failed" if r["failures"] else "passed",
+              "detail": r["failures"] or [_held(r["figures"])]} for r in per_rank]
+    return {
+        "suite": {"name": "shardcheck", "mode": "simulate"},
+        "target": {"implementation": impl, "world_size": world_size, "strategy": "FULL_SHARD", "ranks": ranks,
+                   "model": model_name, "backend": "fake", "device": "cpu", "torch": torch.__version__},
+        "coverage": "the implementation's own trainer, one step on the CPU against a fake process group; "
+                    "memory by kind and traffic measured (conformance/measure), no numerics",
+        "ranks": per_rank, "cells": cells,
+        "summary": {"passed": sum(c["outcome"] == "passed" for c in cells),
+                    "failed": sum(c["outcome"] == "failed" for c in cells)},
+        "resources": {"seconds": round(time.perf_counter() - started, 2), "max_rss_mib": round(max_rss_mib(), 1)},
+    }
+
+
+def _held(figures: dict) -> str:
+    rest, sent = figures["rest"], figures["sent"]
+    return (f"holds {rest['ratio']:.4f}x of unsharded between steps (bound {rest['bound'] / rest['unsharded']:.4f}x), "
+            f"gathered after forward {figures['forward']['gathered'] / figures['parameter_bytes']:.3f}x of the "
+            f"parameters, sends {sent['ratio']:.2f}x of FULL_SHARD's formula")
+
+
+def human_summary(report: dict) -> str:
+    t = report["target"]
+    lines = [f"simulate {t['implementation']} / {t['model']} at world size {t['world_size']}, {t['strategy']} "
+             f"through its trainer (ranks {', '.join(map(str, t['ranks']))}; fake group, CPU tensors)",
+             f"  coverage: {report['coverage']}"]
+    from .runner import size
+
+    for r in report["ranks"]:
+        by_kind = r["figures"]["rest"]["by_kind"]
+        lines.append(f"  rank {r['rank']} ({r['seconds']} s): holds " + ", ".join(
+            f"{k} {size(v)}" for k, v in by_kind.items()) + "; sends " + ", ".join(
+            f"{k} {size(v['sent'])}" for k, v in sorted(r["figures"]["sent"]["by_kind"].items())))
+    for c in report["cells"]:
+        lines.append(f"  {c['outcome'].upper():6} {c['check']} [rank {c['rank']}]: {c['detail'][0]}")
+        lines += [f"         {d}" for d in c["detail"][1:]]
+    s, res = report["summary"], report["resources"]
+    lines.append(f"{s['passed']} passed, {s['failed']} failed in {res['seconds']} s, max RSS {res['max_rss_mib']} MiB")
+    return "\n".join(lines)
