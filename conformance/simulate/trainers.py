@@ -13,7 +13,10 @@ counting at the presets' few tokens.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import multiprocessing
+import os
 import time
 
 import torch
@@ -39,6 +42,20 @@ class _Rank:
             yield
 
 
+@contextlib.contextmanager
+def _local_rank(rank: int):
+    """LOCAL_RANK set as a launcher sets it (engines read it): this process is that one rank."""
+    before = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = str(rank)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["LOCAL_RANK"]
+        else:
+            os.environ["LOCAL_RANK"] = before
+
+
 def _loss(model, tokens):
     return model(tokens).float().mean()
 
@@ -62,7 +79,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int) -> dic
     if "full_shard" not in adapter.capabilities:
         raise ValueError(f"{impl} does not declare full_shard: nothing to simulate through its trainer")
     started = time.perf_counter()
-    with fake_world(rank, world_size):
+    with fake_world(rank, world_size), _local_rank(rank):
         shape = build(model_name)  # on meta: the parameter count, for free
         p = sum(t.numel() * 4 for t in shape.parameters())
         units = tuple(f"blocks.{i}" for i in range(len(shape.blocks)))
@@ -71,8 +88,10 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int) -> dic
         measured = footprint.measure(_Rank(rank), lambda: build(model_name, "cpu"),
                                      lambda model, recipe: adapter.trainer(model, spec, recipe), RECIPE, [tokens])
     failures, figures = promises.judge("FULL_SHARD", world_size, 1, measured, unsharded_figures(p))
+    from .runner import max_rss_mib
+
     return {"rank": rank, "failures": failures, "figures": figures,
-            "seconds": round(time.perf_counter() - started, 1)}
+            "seconds": round(time.perf_counter() - started, 1), "max_rss_mib": round(max_rss_mib(), 1)}
 
 
 def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None) -> dict:
@@ -88,9 +107,17 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
         if not 0 <= r < world_size:
             raise ValueError(f"rank {r} is outside world size {world_size}")
     started = time.perf_counter()
-    per_rank = [simulate_rank(impl, world_size, model_name, r) for r in ranks]
-    cells = [{"check": "footprint", "rank": r["rank"], "outcome": "failed" if r["failures"] else "passed",
-              "detail": r["failures"] or [_held(r["figures"])]} for r in per_rank]
+    per_rank, cells = [], []
+    for r in ranks:
+        try:
+            result = _in_own_process(simulate_rank, impl, world_size, model_name, r)
+        except Exception as exc:  # the engine could not train this rank on the fake group: say so
+            cells.append({"check": "footprint", "rank": r, "outcome": "error",
+                          "detail": [f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"]})
+            continue
+        per_rank.append(result)
+        cells.append({"check": "footprint", "rank": r, "outcome": "failed" if result["failures"] else "passed",
+                      "detail": result["failures"] or [_held(result["figures"])]})
     return {
         "suite": {"name": "shardcheck", "mode": "simulate"},
         "target": {"implementation": impl, "world_size": world_size, "strategy": "FULL_SHARD", "ranks": ranks,
@@ -99,9 +126,18 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
                     "memory by kind and traffic measured (conformance/measure), no numerics",
         "ranks": per_rank, "cells": cells,
         "summary": {"passed": sum(c["outcome"] == "passed" for c in cells),
-                    "failed": sum(c["outcome"] == "failed" for c in cells)},
+                    "failed": sum(c["outcome"] != "passed" for c in cells)},
         "resources": {"seconds": round(time.perf_counter() - started, 2), "max_rss_mib": round(max_rss_mib(), 1)},
     }
+
+
+def _in_own_process(fn, *args):
+    """`fn(*args)` in a forked child: engines keep process-global state (DeepSpeed's groups,
+    Megatron-FSDP's buffers) that one rank's world must not leave to the next, and a rank's memory
+    goes back when it ends."""
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as child:
+        return child.submit(fn, *args).result()
 
 
 def _held(figures: dict) -> str:
@@ -127,5 +163,7 @@ def human_summary(report: dict) -> str:
         lines.append(f"  {c['outcome'].upper():6} {c['check']} [rank {c['rank']}]: {c['detail'][0]}")
         lines += [f"         {d}" for d in c["detail"][1:]]
     s, res = report["summary"], report["resources"]
-    lines.append(f"{s['passed']} passed, {s['failed']} failed in {res['seconds']} s, max RSS {res['max_rss_mib']} MiB")
+    errors = sum(c["outcome"] == "error" for c in report["cells"])
+    lines.append(f"{s['passed']} passed, {s['failed'] - errors} failed, {errors} could not run in {res['seconds']} s"
+                 f" (largest rank's RSS {max([r['max_rss_mib'] for r in report['ranks']] or [0])} MiB)")
     return "\n".join(lines)
