@@ -63,6 +63,13 @@ def _loss(model, tokens):
 RECIPE = Recipe(loss_fn=_loss, optimizer=Optimizer("adam", lr=1e-3))
 
 
+def _full_shard(impl: str):
+    adapter = adapters.load(impl)
+    if "full_shard" not in adapter.capabilities:
+        raise ValueError(f"{impl} does not declare full_shard: nothing to simulate through its trainer")
+    return adapter
+
+
 def unsharded_figures(parameter_bytes: int) -> dict:
     """Unsharded data-parallel training of `parameter_bytes` float32 parameters with Adam, by
     arithmetic (the module doc)."""
@@ -75,9 +82,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int) -> dic
     """One rank of `world_size`: FULL_SHARD by `impl`'s trainer, its figures and broken promises."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    adapter = adapters.load(impl)
-    if "full_shard" not in adapter.capabilities:
-        raise ValueError(f"{impl} does not declare full_shard: nothing to simulate through its trainer")
+    adapter = _full_shard(impl)
     started = time.perf_counter()
     with fake_world(rank, world_size), _local_rank(rank):
         shape = build(model_name)  # on meta: the parameter count, for free
@@ -101,7 +106,7 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
 
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")
-    adapters.load(impl)  # a bad name fails before anything is built
+    _full_shard(impl)  # a bad name or a replicating engine fails before anything is built
     ranks = sorted(set(ranks or {0, world_size - 1}))
     for r in ranks:
         if not 0 <= r < world_size:
