@@ -25,10 +25,14 @@ What each collective computes.  With ``W`` data-parallel ranks and local gradien
 * ``clip_grad_norm_``: one all-reduce of the local ``sum |g|^p`` (or max for ``p = inf``), each
   element counted once; ``ShardedGradScaler``: one all-reduce of the local ``found_inf`` flags.
 
+Gradient accumulation: backwards inside ``no_sync(root)`` keep full gradients on the rank,
+summed; the next backward reduces the sum with its own (``accumulation.py``).
+
 Mixed precision casts shards to ``param_dtype`` before the all-gather and reduces gradients in
 ``reduce_dtype``; the sharded parameters stay in their own dtype.  All-gather extensions
 (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``) let a parameter choose what is communicated.
 """
+from .accumulation import no_sync
 from .clip import clip_grad_norm_
 from .comm_hooks import (
     DefaultState,
@@ -45,7 +49,7 @@ from .mixed_precision import MixedPrecision
 from .sharding import ShardingStrategy, Unit, local_shard, shard, units
 
 __all__ = [
-    "shard", "ShardingStrategy", "MixedPrecision", "Unit", "units", "local_shard",
+    "shard", "no_sync", "ShardingStrategy", "MixedPrecision", "Unit", "units", "local_shard",
     "full_params", "full_state", "full_grads", "clip_grad_norm_", "ShardedGradScaler",
     "register_comm_hook", "DefaultState", "LowPrecisionState", "allreduce_hook",
     "reduce_scatter_hook", "fp16_compress_hook", "bf16_compress_hook",

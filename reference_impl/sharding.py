@@ -35,6 +35,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import collectives as C
+from .accumulation import hold, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
 from .topology import ShardingStrategy, compute_device, groups_of
@@ -174,6 +175,8 @@ class Unit:
     full: Optional[list[torch.Tensor]] = None  # the full parameters while gathered
     originals: dict = field(default_factory=dict)  # id -> weakref of the replaced unsharded params
     saved_scope: Optional[contextlib.ExitStack] = None  # the forward's saved-tensors hooks
+    sync: bool = True  # False inside no_sync(): backward holds gradients (accumulation.py)
+    unsynced: Optional[list] = None  # full gradients summed over unsynced backwards
 
     def __repr__(self) -> str:
         return f"Unit({type(self.module).__name__}, {self.strategy.name}, {len(self.params)} params, root={self.is_root})"
@@ -305,6 +308,9 @@ class Unit:
         collective for all plain parameters (a missing gradient counts as zeros), then one per
         parameter with an all-gather extension."""
         self.reshard()
+        if not self.sync:
+            return hold(self, grads)
+        grads = merge_unsynced(self, grads)
         plain = [i for i, p in enumerate(self.params) if p.extension is None and p.shard.requires_grad]
         if any(grads[i] is not None for i in plain):
             rdtype = reduce_dtype(self.mp, self.params[plain[0]].shard.dtype)

@@ -30,7 +30,7 @@ from conformance.protocol import StepResult, Unsupported
 try:
     from accelerate import Accelerator, PartialState
     from accelerate.state import AcceleratorState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, GradientAccumulationPlugin
 except ImportError as exc:
     raise ImportError(f"accelerate is not importable ({exc}): pip install -e '.[accelerate]' "
                       "(torch pinned first, README)") from None
@@ -80,7 +80,12 @@ class AccelerateTrainer:
     def __init__(self, model, recipe, plugin, mixed_precision, shim, joint):
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's state is a process-wide singleton
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))  # else MULTI_CPU resets threads
-        self.accelerator = Accelerator(cpu=True, fsdp_plugin=plugin, mixed_precision=mixed_precision)
+        accumulation = {}
+        if recipe.accumulation_steps > 1:  # accelerator.accumulate counts micro-batches; backward divides by k
+            accumulation["gradient_accumulation_plugin"] = GradientAccumulationPlugin(
+                num_steps=recipe.accumulation_steps, adjust_scheduler=False, sync_with_dataloader=False,
+                sync_each_batch=recipe.sync_each_micro_batch)
+        self.accelerator = Accelerator(cpu=True, fsdp_plugin=plugin, mixed_precision=mixed_precision, **accumulation)
         if shim:
             fsdp_on_cpu(self.accelerator, plugin)
         if joint:  # the optimizer built over the unsharded model, both prepared together
@@ -94,9 +99,20 @@ class AccelerateTrainer:
         self.recipe = recipe
 
     def forward_backward(self, batch):
-        loss = self.recipe.loss_fn(self.model, batch)
-        self.accelerator.backward(loss)
+        """As Accelerate's users accumulate: every micro-batch inside `accelerator.accumulate(model)`,
+        which syncs on the k-th only (or every one: `sync_each_batch`) and divides the loss by k."""
+        with self.accelerator.accumulate(self.model):
+            loss = self.recipe.loss_fn(self.model, batch)
+            self.accelerator.backward(loss)
         return loss.detach()
+
+    def evaluate(self, batch):
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self.recipe.loss_fn(self.model, batch).detach()
+        finally:
+            self.model.train()
 
     def full_grads(self):
         return frontends.full_grads(self.model)
@@ -129,7 +145,8 @@ class AccelerateAdapter:
         self.name = f"accelerate[{variant}]" if variant else "accelerate"
         strategies = {"full_shard", "shard_grad_op"} | ({"no_shard"} if variant != "fsdp2" else set())  # config: per cell
         self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
-                                                    "mixed_precision_bf16", "mixed_precision_fp16"})
+                                                    "mixed_precision_bf16", "mixed_precision_fp16",
+                                                    "grad_accumulation", "no_sync", "eval_forward", "unused_params"})
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Accelerate", spec)

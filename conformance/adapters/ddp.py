@@ -22,16 +22,25 @@ class DDPAdapter(TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({"checkpoint", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
-        "mixed_precision_bf16", "mixed_precision_fp16"}
+        "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params"}
 
-    def shard(self, model: nn.Module, spec: ShardSpec):
+    def prepare(self, model: nn.Module, spec: ShardSpec, recipe) -> nn.Module:
+        """DDP needs to be told of parameters that get no gradient (`find_unused_parameters`),
+        as its users do for such a model."""
+        return self.shard(model, spec, find_unused_parameters=bool(recipe.unused))
+
+    def no_sync(self, model):
+        return model.no_sync()
+
+    def shard(self, model: nn.Module, spec: ShardSpec, find_unused_parameters: bool = False):
         mp = spec.mixed_precision
         if spec.strategies != {"NO_SHARD"} or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
             raise Unsupported("DDP only replicates (NO_SHARD; no offload, buffer dtype or low-precision grads)")
         kwargs = {"mixed_precision": _MixedPrecision(mp.param_dtype, mp.reduce_dtype or mp.param_dtype)} if mp else {}
         group = spec.mesh.get_group() if spec.mesh is not None else None
         device_ids = [spec.device] if spec.device.type == "cuda" else None
-        return DDP(model, device_ids=device_ids, process_group=group, **kwargs)
+        return DDP(model, device_ids=device_ids, process_group=group,
+                   find_unused_parameters=find_unused_parameters, **kwargs)
 
     def full_params(self, model):
         return {n.removeprefix(_PREFIX): p.detach().clone() for n, p in model.named_parameters()}

@@ -89,9 +89,23 @@ class LightningTrainer:
             self.optimizer = self.fabric.setup_optimizers(recipe.optimizer.build(self.model.parameters()))
 
     def forward_backward(self, batch):
-        loss = self.recipe.loss_fn(self.model, batch)
-        self.fabric.backward(loss)
+        """As Fabric's users accumulate: `fabric.no_backward_sync(model, enabled=...)` around the
+        micro-batches that must not sync (when the recipe syncs the last only), loss / k."""
+        k = self.recipe.accumulation_steps
+        self.micro = getattr(self, "micro", 0) + 1
+        quiet = self.micro % k != 0 and not self.recipe.sync_each_micro_batch
+        with self.fabric.no_backward_sync(self.model, enabled=quiet):
+            loss = self.recipe.loss_fn(self.model, batch)
+            self.fabric.backward(loss / k if k > 1 else loss)
         return loss.detach()
+
+    def evaluate(self, batch):
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self.recipe.loss_fn(self.model, batch).detach()
+        finally:
+            self.model.train()
 
     def full_grads(self):
         return frontends.full_grads(self.model._forward_module)  # the torch FSDP module Fabric wraps
@@ -123,7 +137,8 @@ class LightningAdapter:
         self.name = f"lightning[{variant}]" if variant else "lightning"
         fsdp2 = self.variant.startswith("model-parallel")  # its precision plugins refuse "16-mixed"
         self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
-                                       "mixed_precision_bf16"} | (set() if fsdp2 else
+                                       "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward",
+                                       "unused_params"} | (set() if fsdp2 else
                                                                   {"no_shard", "hybrid_shard", "mixed_precision_fp16"}))
 
     def trainer(self, model, spec, recipe):

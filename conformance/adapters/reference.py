@@ -23,7 +23,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
-        "meta_init", "checkpoint",
+        "meta_init", "checkpoint", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
     })
 
     def shard(self, model, spec: ShardSpec):
@@ -35,6 +35,9 @@ class ReferenceAdapter(TorchStyleAdapter):
             one(module, spec.strategy_of(path))
         one(model, spec.strategy)
         return model
+
+    def no_sync(self, model):
+        return ri.no_sync(model)
 
     def full_params(self, model):
         return ri.full_state(model)

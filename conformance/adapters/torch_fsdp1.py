@@ -56,6 +56,7 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
         "mixed_precision", "keep_low_precision_grads", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
+        "grad_accumulation", "no_sync", "eval_forward", "unused_params",
     })
     variants = {"flat": "use_orig_params=False: each unit's parameters in one flat parameter"}
 
@@ -87,6 +88,9 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
         for path, module in spec.unit_modules(model):
             _set(model, path, wrap(module, spec.strategy_of(path)))
         return wrap(model, spec.strategy)
+
+    def no_sync(self, model):
+        return model.no_sync()
 
     def full_params(self, model):
         with FSDP.summon_full_params(model, writeback=False):

@@ -10,6 +10,8 @@ DDP-based code path that does not compose with `fully_shard` units or DTensor cl
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -32,6 +34,7 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_grads", "checkpoint",
+        "grad_accumulation", "no_sync", "eval_forward", "unused_params",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
@@ -64,6 +67,16 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
             one(module, spec.strategy_of(path))
         one(model, spec.strategy)
         return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        """As FSDP2's users write it: `set_requires_gradient_sync(False)` before a micro-batch that
+        must not reduce, True again before the last."""
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
 
     def full_params(self, model):
         return full_tensors({n: p.detach() for n, p in model.named_parameters()})

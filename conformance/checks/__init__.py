@@ -3,7 +3,8 @@ test_<family>*.py.
 
 * behaviour/: what every correct data-parallel trainer does, judged through `Adapter.trainer`
   (parity with unsharded training step by step, loss scaling, mixed precision; explore: drawn
-  configurations, conformance/explore/). Any engine.
+  configurations, conformance/explore/; training_loop: accumulation, eval between steps, frozen /
+  unused / tied parameters and the observed dtype contract). Any engine.
 * api/: torch's FSDP-style APIs (clip_grad_norm_ on a module, sharded GradScaler, comm hooks,
   all-gather extensions), reached only by implementations that expose them.
 """
@@ -11,7 +12,7 @@ test_<family>*.py.
 from pathlib import Path
 
 LAYERS = {
-    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint", "sharding"),
+    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint", "sharding", "training_loop"),
     "api": ("clip_grad", "grad_scaler", "extensions", "comm_hooks"),
 }
 FAMILIES = tuple(f for families in LAYERS.values() for f in families)

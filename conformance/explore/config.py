@@ -8,7 +8,8 @@ The model is a stack of blocks, block i a Linear(widths[i], widths[i + 1]) (tanh
 optionally with a bias and a buffer added to its output. `tied`: the last block's weight IS the
 first block's (widths arranged so the shapes agree). `frozen`: blocks whose parameters do not
 require gradients. `units`: {block index: strategy} of the blocks sharded as their own units, the
-root sharded with `strategy`.
+root sharded with `strategy`. The loop: `accumulation` micro-batches per step (synced on each, or the
+last only when not `sync_each`), an evaluation forward every `eval_every` steps.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class Config:
     steps: int = 2
     batch: int = 3
     data_seed: int = 0
+    accumulation: int = 1  # micro-batches per step (Recipe.accumulation_steps)
+    sync_each: bool = True  # False: gradients synced on the last micro-batch only (no_sync)
+    eval_every: int = 0  # an evaluation forward before every step i with i % eval_every == 0
 
     @property
     def depth(self) -> int:
@@ -115,6 +119,9 @@ class Config:
             "units": bool(self.units),
             "optimizer": self.optimizer,
             "weight_decay": self.weight_decay > 0,
+            "accumulation": self.accumulation > 1,
+            "no_sync": self.accumulation > 1 and not self.sync_each,
+            "eval": self.eval_every > 0,
         }
 
 

@@ -75,17 +75,22 @@ def loss_fn(grad_scale: float):
 
 
 def batches(ctx, config: Config) -> list:
-    """Rank ctx.rank's (x, y, poison) for every step; poison is zero but on the poisoned rank and step."""
+    """Rank ctx.rank's (x, y, poison) for every step (a list of `config.accumulation` of them when it
+    is > 1; micro-batch 0 is the step's batch without accumulation); poison is zero but on the
+    poisoned rank and step (its first micro-batch)."""
     out = []
     for step in range(config.steps):
-        with ctx.seeded(100_003 * config.data_seed + 1000 * step + ctx.rank):
-            x = torch.randn(config.batch, config.widths[0], device=ctx.device)
-            y = torch.randn(config.batch, config.widths[-1], device=ctx.device)
-        poison = torch.zeros(config.depth, device=ctx.device)
-        p = config.poison
-        if p is not None and p.step == step and p.rank == ctx.rank:
-            poison[p.block] = math.inf if p.value == "inf" else math.nan
-        out.append((x, y, poison))
+        micro = []
+        for j in range(config.accumulation):
+            with ctx.seeded(100_003 * config.data_seed + 1000 * step + 100 * j + ctx.rank):
+                x = torch.randn(config.batch, config.widths[0], device=ctx.device)
+                y = torch.randn(config.batch, config.widths[-1], device=ctx.device)
+            poison = torch.zeros(config.depth, device=ctx.device)
+            p = config.poison
+            if p is not None and p.step == step and p.rank == ctx.rank and j == 0:
+                poison[p.block] = math.inf if p.value == "inf" else math.nan
+            micro.append((x, y, poison))
+        out.append(micro if config.accumulation > 1 else micro[0])
     return out
 
 
@@ -103,14 +108,19 @@ def spec(ctx, config: Config) -> ShardSpec:
 
 
 def recipe(config: Config) -> Recipe:
-    """The optimizer, clipping and loss scaling of `config`."""
+    """The optimizer, clipping and loss scaling of `config`; its frozen and tied parameters by name."""
     kwargs = {"momentum": config.momentum} if config.optimizer == "sgd" else {}
     optimizer = Optimizer(config.optimizer, lr=config.lr, weight_decay=config.weight_decay, **kwargs)
     clip = Clip(config.max_norm, config.norm_type) if config.max_norm is not None else None
     scaling = None
     if config.loss_scale is not None:
         scaling = LossScale(init_scale=config.loss_scale, growth_interval=config.growth_interval)
-    return Recipe(loss_fn=loss_fn(config.grad_scale), optimizer=optimizer, clip=clip, loss_scale=scaling)
+    frozen = tuple(f"blocks.{i}.lin.{name}" for i in sorted(config.frozen)
+                   for name in ("weight", "bias") if name == "weight" or config.bias[i])
+    tied = (("blocks.0.lin.weight", f"blocks.{config.depth - 1}.lin.weight"),) if config.tied else ()
+    return Recipe(loss_fn=loss_fn(config.grad_scale), optimizer=optimizer, clip=clip, loss_scale=scaling,
+                  frozen=frozen, tied=tied, accumulation_steps=config.accumulation,
+                  sync_each_micro_batch=config.sync_each, eval_every=config.eval_every)
 
 
 def tolerance_dtype(config: Config) -> torch.dtype | None:

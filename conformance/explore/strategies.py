@@ -132,6 +132,23 @@ def magnitude(precision: dict):
 
 
 @st.composite
+def loop(draw, capabilities, precision: dict) -> dict:
+    """The loop around the step, where declared: 1 to 3 micro-batches per step, synced on each or on
+    the last only, an evaluation forward every 1 or 2 steps. Nothing is drawn for an implementation
+    without these capabilities, so its examples stay as they were. Sync on the last micro-batch only
+    with a float32 reduce: a low-precision reduce of the held sum and a sum of low-precision reduces
+    round in different places (implementation-defined, like the order of a sum across ranks)."""
+    out = {}
+    if "grad_accumulation" in capabilities:
+        out["accumulation"] = draw(st.integers(1, 3))
+        if out["accumulation"] > 1 and "no_sync" in capabilities and precision["reduce_dtype"] == "fp32":
+            out["sync_each"] = draw(st.booleans())
+    if "eval_forward" in capabilities:
+        out["eval_every"] = draw(st.sampled_from((0, 1, 2)))
+    return out
+
+
+@st.composite
 def configs(draw, capabilities, world_sizes=(1, 2, 3, 4)) -> Config:
     """A whole training configuration an implementation with `capabilities` declares it can run,
     on one of `world_sizes` ranks."""
@@ -148,4 +165,4 @@ def configs(draw, capabilities, world_sizes=(1, 2, 3, 4)) -> Config:
         **dtypes, **draw(optimizer()), **draw(clipping(capabilities)),
         grad_scale=draw(magnitude(dtypes)),
         **(draw(scaling(capabilities, world_size, steps, trainable)) if dtypes["reduce_dtype"] != "fp16" else {}),
-        steps=steps, data_seed=draw(st.integers(0, 3)))
+        steps=steps, data_seed=draw(st.integers(0, 3)), **draw(loop(capabilities, dtypes)))

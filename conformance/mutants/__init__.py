@@ -11,7 +11,8 @@ listed check runs and must have a FAILED cell: ``test_mutants.py`` skips a check
 once one failed (``conformance/mutants/per_check.py``). Every check function under
 conformance/checks is listed for at least one mutant, except those in ``test_mutants.UNREACHABLE``
 (with the reason). A mutant with ``survivor`` set is a documented gap in the checks, run as a
-strict xfail):
+strict xfail; one with ``cells`` set must fail exactly those cells of its checks at world size 2
+and pass the others: the training_loop mutants, ``loop.py``):
 
 ====================================  ==================================================================================  ==================================================================
 mutant (class)                        bug class modelled                                                                  checks that must each kill it
@@ -90,7 +91,7 @@ mutant-ckpt-export-local-shard        full_state_dict returns the local shards  
   (CheckpointExportLocalShard)
 mutant-ckpt-load-unchecked            load does not validate files and shapes (errors name nothing)                       test_checkpoint.py::test_bad_input
   (CheckpointLoadUnchecked)
-mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARDtest_sharding.py::test_sharding
+mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)  test_sharding.py::test_sharding
   (ReplicatesDeclaresFullShard)
                                                                                                                           test_sharding.py::test_sharding_hybrid
 mutant-no-reshard-after-forward       FULL_SHARD never reshards after forward (gathered parameters kept until backward)   test_sharding.py::test_sharding
@@ -99,6 +100,16 @@ mutant-no-reshard-after-forward       FULL_SHARD never reshards after forward (g
 mutant-unsharded-optimizer-state      optimizer state kept at full size on every rank (parameters and gradients sharded)  test_sharding.py::test_sharding
   (UnshardedOptimizerState)
                                                                                                                           test_sharding.py::test_sharding_hybrid
+mutant-accumulation-overwrite         accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)    test_training_loop.py::test_training_loop
+  (AccumulationOverwrite)             exactly the cells [*-accumulate-*]                                                  test_training_loop.py::test_training_loop_mixed_precision
+mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outside autograd (their gradient lost)        test_training_loop.py::test_training_loop_mixed_precision
+  (DetachedInputCast)                 exactly: every shape but frozen, and every low-precision-gradient cell              test_training_loop.py::test_low_precision_grads_norm
+mutant-mp-reduce-lost-after-eval      reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)  test_training_loop.py::test_training_loop_mixed_precision
+  (ReduceDtypeLostAfterEval)          exactly the cells [*-eval_between-*]
+mutant-clip-norm-in-grad-dtype        clip norm accumulated and reduced in the gradient dtype (bfloat16), not float32     test_training_loop.py::test_low_precision_grads_norm
+  (NormInGradDtype)
+mutant-no-sync-held-dropped           gradients held under no_sync dropped on the last micro-batch's reduction            test_training_loop.py::test_training_loop
+  (UnsyncedDroppedOnLast)             exactly the cells [*-accumulate_no_sync-*]                                          test_training_loop.py::test_training_loop_mixed_precision
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -132,6 +143,13 @@ from conformance.mutants.extensions import (
     ExtensionHooksIgnored,
     ExtensionInstanceHooksIgnored,
     ExtensionSizeUnchecked,
+)
+from conformance.mutants.loop import (
+    AccumulationOverwrite,
+    DetachedInputCast,
+    NormInGradDtype,
+    ReduceDtypeLostAfterEval,
+    UnsyncedDroppedOnLast,
 )
 from conformance.mutants.scaler import (
     ScalerBackoffLocal,
@@ -191,6 +209,11 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ReplicatesDeclaresFullShard,
     NoReshardAfterForward,
     UnshardedOptimizerState,
+    AccumulationOverwrite,
+    DetachedInputCast,
+    ReduceDtypeLostAfterEval,
+    NormInGradDtype,
+    UnsyncedDroppedOnLast,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

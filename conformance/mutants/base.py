@@ -77,6 +77,9 @@ class MutantAdapter(ReferenceAdapter):
     checks: tuple[str, ...] = ()  # check functions expected to kill it: "test_file.py::test_function"
     survivor: str | None = None  # set when the checks are KNOWN not to kill it: why (a gap to close)
     world_sizes: tuple[int, ...] = (2,)  # the world sizes its runs keep (--world-sizes)
+    # Optional: globs ("test_fn[*-accumulate-*]", `*` the only wildcard) over the cells of `checks`
+    # that must fail; set, its run goes through every cell and every other one must pass.
+    cells: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._activate()

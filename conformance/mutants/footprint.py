@@ -25,7 +25,7 @@ class ReplicatesDeclaresFullShard(MutantAdapter):
     exactly like unsharded data parallelism, as an adapter that wraps DDP and declares FULL_SHARD."""
 
     name = "mutant-replicates-declares-full-shard"
-    bug = "replicates every parameter while declaring FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD"
+    bug = "replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)"
     checks = SHARDING_CHECKS
     world_sizes = (2, 4)
 

@@ -38,7 +38,9 @@ class Trainer(Protocol):
 
     def forward_backward(self, batch: Any) -> torch.Tensor:
         """Forward, `recipe.loss_fn`, backward (scaled when the recipe scales the loss). Returns
-        this rank's loss, detached."""
+        this rank's loss, detached. Called `recipe.accumulation_steps` times per step (one per
+        micro-batch); gradients accumulate, and with `sync_each_micro_batch=False` only the last
+        call of a step communicates them."""
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         """After `forward_backward`: {name: the full gradient} with names as in the unsharded model,
@@ -51,6 +53,9 @@ class Trainer(Protocol):
     def full_params(self) -> dict[str, torch.Tensor]:
         """{name: the full float32 (master) parameter}. Collective."""
 
+    # Optional, with the capability `eval_forward`: evaluate(self, batch) -> Tensor: this rank's loss
+    # of `recipe.loss_fn` in eval mode without gradients (between steps); training goes on after it.
+    #
     # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
     # engine state) whether it passed or not.
     #

@@ -29,6 +29,12 @@ BEHAVIOUR = {
     "loss_scaling": "dynamic loss scaling: skip the step on inf/NaN anywhere, back off, grow",
     "mixed_precision_bf16": "compute in bfloat16 with float32 master parameters",
     "mixed_precision_fp16": "compute in float16 with float32 master parameters",
+    "grad_accumulation": "several micro-batches per optimizer step (Recipe.accumulation_steps), gradients "
+                         "summed over them",
+    "no_sync": "gradient communication suppressed on all but the last micro-batch "
+               "(Recipe.sync_each_micro_batch=False): no_sync(), set_requires_gradient_sync(False)",
+    "eval_forward": "Trainer.evaluate(batch): a forward in eval mode without gradients between training steps",
+    "unused_params": "a model with parameters the loss never uses (no gradient on any rank)",
     "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume, reshard at another "
                   "world size) and Trainer.full_state_dict() (the consolidated, unsharded state dict)",
 }
@@ -64,6 +70,24 @@ def of_strategy(strategy: str) -> str:
 def of_norm(norm_type: float) -> str:
     """The capability clipping with `norm_type` needs: 2.0 -> `clip_norm_2`, inf -> `clip_norm_inf`."""
     return "clip_norm_inf" if norm_type == float("inf") else f"clip_norm_{int(norm_type)}"
+
+
+def of_loop(recipe) -> set[str]:
+    """The capabilities a recipe's loop shape needs (spec.Recipe): accumulation, sync suppression,
+    evaluation between steps, frozen parameters (per-parameter requires_grad: `orig_params`), unused
+    parameters. Tied parameters need none: every trainer must train the model it is given."""
+    needed = set()
+    if recipe.accumulation_steps > 1:
+        needed.add("grad_accumulation")
+        if not recipe.sync_each_micro_batch:
+            needed.add("no_sync")
+    if recipe.eval_every:
+        needed.add("eval_forward")
+    if recipe.frozen:
+        needed.add("orig_params")
+    if recipe.unused:
+        needed.add("unused_params")
+    return needed
 
 
 def unknown(names) -> list[str]:

@@ -120,9 +120,46 @@ class LossScale:
 class Recipe:
     """One training step: `loss = loss_fn(model, batch)` (this rank's mean loss), backward, then
     (if `clip`) clip, then the optimizer step (skipped on inf/NaN when `loss_scale`), then zero the
-    gradients. The data-parallel loss is the mean of the ranks' losses, so gradients are averaged."""
+    gradients. The data-parallel loss is the mean of the ranks' losses, so gradients are averaged.
+
+    The loop around the step (the defaults are one micro-batch per step, nothing else):
+
+    * `accumulation_steps` k: `forward_backward` is called k times per step, on micro-batches
+      j = 1..k, before `full_grads` and `step`; the step's gradient is the mean over ranks r and
+      micro-batches j, ``g = (1/(W k)) sum_r sum_j grad(loss_rj)`` (users divide each micro-batch's
+      loss by k before backward; an engine that does so itself, as DeepSpeed does, need not).
+    * `sync_each_micro_batch`: False asks the engine to suppress gradient communication on the
+      first k-1 micro-batches (FSDP1/DDP `no_sync()`, FSDP2 `set_requires_gradient_sync(False)`)
+      and reduce the sum on the last: the same `g`, one reduction per step.
+    * `eval_every` n (0: never): an evaluation forward (`model.eval()`, no gradients) on the step's
+      first micro-batch before every step i with i % n == 0, so step 0's first forward is one.
+    * `frozen`, `unused`, `tied`: facts about the model the trainer is given, named so that an
+      engine can refuse them: parameters that arrive with requires_grad=False; parameters the
+      loss never uses (no rank gives them a gradient: their gradient stays None and the optimizer
+      skips them); (name, alias) pairs where one parameter is held by two modules (listed once,
+      under `name`, by named_parameters())."""
 
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
     optimizer: Optimizer = Optimizer()
     clip: Clip | None = None
     loss_scale: LossScale | None = None
+    accumulation_steps: int = 1
+    sync_each_micro_batch: bool = True
+    eval_every: int = 0
+    frozen: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
+    tied: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.accumulation_steps < 1 or self.eval_every < 0:
+            raise ValueError(f"accumulation_steps {self.accumulation_steps} < 1 or eval_every {self.eval_every} < 0")
+
+    def micro_batches(self, batch) -> list:
+        """The micro-batches of one step: `batch` itself, or the k items of it when k > 1."""
+        if self.accumulation_steps == 1:
+            return [batch]
+        assert len(batch) == self.accumulation_steps, f"{len(batch)} micro-batches, recipe says {self.accumulation_steps}"
+        return list(batch)
+
+    def evaluates_before(self, step: int) -> bool:
+        return bool(self.eval_every) and step % self.eval_every == 0

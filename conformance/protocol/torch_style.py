@@ -8,21 +8,29 @@ sharded module's parameters, and runs the step the way torch users write it:
     scaler.step(optimizer); scaler.update(); optimizer.zero_grad(set_to_none=True)
 
 so torch-style adapters (reference, FSDP1, FSDP2, DDP) implement only the API methods.
+
+The loop around it (spec.Recipe) is written as users write it too: with k micro-batches each loss
+is divided by k before backward, and when gradients are synced on the last micro-batch only, the
+first k-1 backwards run inside the adapter's `no_sync(model)` (FSDP1/DDP `no_sync()`, FSDP2
+`set_requires_gradient_sync(False)`); `evaluate` runs `model.eval()` under `torch.no_grad()`.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn as nn
 
 from conformance.protocol.adapter import StepResult
+from conformance.protocol.outcomes import Unsupported
 from conformance.protocol.spec import Recipe, ShardSpec
 
 
 class TorchStyleTrainer:
     def __init__(self, adapter, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
         self.adapter, self.recipe = adapter, recipe
-        self.model = adapter.shard(model, spec)
+        self.model = adapter.prepare(model, spec, recipe)
         self.optimizer = recipe.optimizer.build(self.model.parameters())
         self.scaler = None
         if recipe.loss_scale is not None:
@@ -33,9 +41,24 @@ class TorchStyleTrainer:
                                               growth_interval=ls.growth_interval)
 
     def forward_backward(self, batch) -> torch.Tensor:
-        loss = self.recipe.loss_fn(self.model, batch)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        k = self.recipe.accumulation_steps
+        self.micro = getattr(self, "micro", 0) + 1
+        last = self.micro % k == 0
+        quiet = not last and not self.recipe.sync_each_micro_batch
+        with self.adapter.no_sync(self.model) if quiet else contextlib.nullcontext():
+            loss = self.recipe.loss_fn(self.model, batch)
+            scaled = loss / k if k > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss.detach()
+
+    def evaluate(self, batch) -> torch.Tensor:
+        """The loss in eval mode without gradients; the model is put back in training mode."""
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self.recipe.loss_fn(self.model, batch).detach()
+        finally:
+            self.model.train()
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         grads = self.adapter.full_grads(self.model)
@@ -85,6 +108,16 @@ class TorchStyleAdapter:
 
     def trainer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> TorchStyleTrainer:
         return TorchStyleTrainer(self, model, spec, recipe)
+
+    def prepare(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> nn.Module:
+        """`shard(model, spec)`; an adapter whose wrapping depends on the loop (DDP's
+        find_unused_parameters for `recipe.unused`) overrides this."""
+        return self.shard(model, spec)
+
+    def no_sync(self, model: nn.Module):
+        """A context in which backward accumulates gradients without communicating them (capability
+        `no_sync`); the next backward outside it reduces everything accumulated."""
+        raise Unsupported(f"{self.name}: no sync suppression (no_sync) for gradient accumulation")
 
     @staticmethod
     def implied(capabilities: set[str]) -> frozenset[str]:

@@ -124,9 +124,26 @@ def _run(cmd: list[str]) -> Run:
 
 def _mutant_command(mutant) -> list[str]:
     # Without -x: EVERY listed check function must show a FAILED cell; per_check skips a function's
-    # remaining cells once one failed, so each kill costs about one cell.
-    return _command(f"conformance.mutants:{mutant.__name__}", _selection(mutant.checks), stop_at_first_failure=False,
-                    world_sizes=mutant.world_sizes) + PER_CHECK
+    # remaining cells once one failed, so each kill costs about one cell. A mutant naming `cells`
+    # runs every cell of its checks (-rA lists the passed ones too): exactly those must fail.
+    cmd = _command(f"conformance.mutants:{mutant.__name__}", _selection(mutant.checks), stop_at_first_failure=False,
+                   world_sizes=mutant.world_sizes)
+    return cmd + ["-rA"] if mutant.cells else cmd + PER_CHECK
+
+
+def _matches(cell: str, pattern: str) -> bool:
+    """`pattern` with `*` as its only wildcard (cell ids hold brackets, fnmatch's character classes)."""
+    return re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), cell) is not None
+
+
+def _cell_outcomes(mutant, run: "Run") -> dict[str, str]:
+    """{"test_fn[params]" without the implementation: "PASSED" | "FAILED"} from a -rA summary."""
+    out = {}
+    for word in ("PASSED", "FAILED"):
+        for line in run.lines(f"{word} "):
+            node = line.removeprefix(f"{word} ").partition(" - ")[0].strip().rpartition("::")[2]
+            out[node.replace(f"[conformance.mutants:{mutant.__name__}-", "[")] = word
+    return out
 
 
 def _killing_cells(mutant, run: "Run") -> list[str]:
@@ -286,6 +303,20 @@ def test_mutant_is_killed(mutant_runs, mutant):
     for line in failed:
         cell, _, why = line.removeprefix("FAILED ").replace(f"conformance.mutants:{mutant.__name__}-", "").partition(" - ")
         print(f"\n{mutant.name} killed by {cell} ({run.summary}; {run.seconds:.1f} s)\n    {why[:240]}")
+
+
+@pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name) for m in MUTANTS if m.cells and not _is_survivor(m)])
+def test_mutant_kills_exactly_its_cells(mutant_runs, mutant):
+    """A mutant naming `cells` fails exactly the cells its globs match, among every cell of its
+    checks at its world sizes, and passes all the others: a kill that is sharp, not collateral."""
+    run = mutant_runs.get(mutant.__name__, _mutant_command(mutant)).result()
+    outcomes = _cell_outcomes(mutant, run)
+    assert outcomes, f"no cell outcomes in the run of {mutant.name}:\n{run.describe()}"
+    should = {c for c in outcomes if any(_matches(c, g) for g in mutant.cells)}
+    failed = {c for c, o in outcomes.items() if o == "FAILED"}
+    assert failed == should, (f"{mutant.name}: failed but not named {sorted(failed - should)}; named but passed "
+                              f"{sorted(should - failed)}\n{run.describe()}")
+    print(f"\n{mutant.name}: exactly {len(failed)} of {len(outcomes)} cells failed ({run.seconds:.1f} s)")
 
 
 def test_reference_passes_mutant_subsets(mutant_runs):

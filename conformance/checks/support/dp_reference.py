@@ -6,10 +6,17 @@ the ranks, which is the gradient of the mean of the ranks' losses:
     g = (1/W) * sum_r grad(loss_r)
 
 then the recipe's step runs on the full gradients with torch's own utilities (clip_grad_norm_,
-GradScaler, the optimizer). Under mixed precision (param_dtype p, reduce_dtype q) the step is that
+GradScaler, the optimizer). With k micro-batches per step (`recipe.accumulation_steps`) each
+micro-batch's loss is divided by k and its averaged gradient added to the step's:
+
+    g = sum_j (1/W) * sum_r grad(loss_rj / k)
+
+whether the candidate syncs every micro-batch or the last only (that changes its communication, not
+the result). A parameter no rank gives a gradient (frozen, unused) keeps None. `evaluate` is the
+loss in eval mode without gradients. Under mixed precision (param_dtype p, reduce_dtype q) the step is that
 of FSDP's MixedPrecision: forward and backward run on a copy of the float32 master parameters cast
 to p (floating inputs too), gradients are cast to q, averaged in q, and cast to float32 for the
-master step.
+master step (with `keep_low_precision_grads`, micro-batches' gradients are summed in q).
 
 It is written apart from protocol/torch_style.py on purpose, although the step reads alike: torch-style
 candidates run that one, and a bug shared by the yardstick and the candidate would never show.
@@ -85,6 +92,8 @@ class DataParallelReference:
         mp = spec.mixed_precision
         self.compute_dtype = mp.param_dtype if mp and mp.param_dtype else None
         self.reduce_dtype = (mp.reduce_dtype if mp and mp.reduce_dtype else self.compute_dtype)
+        # keep_low_precision_grads: the step's gradient is summed over micro-batches in reduce_dtype
+        self.grad_dtype = self.reduce_dtype if mp and mp.keep_low_precision_grads else None
         self.compute = model
         if self.compute_dtype:  # a low-precision copy; floating inputs are cast to it (as FSDP does)
             self.compute = copy.deepcopy(model).to(self.compute_dtype)
@@ -99,20 +108,40 @@ class DataParallelReference:
                                                backoff_factor=ls.backoff_factor,
                                                growth_interval=ls.growth_interval)
 
-    def forward_backward(self, batch) -> torch.Tensor:
+    def _sync_compute(self) -> None:
+        """The low-precision copy takes the master values (nothing to do without one)."""
         if self.compute is not self.master:
             with torch.no_grad():
                 for low, p in zip(self.compute.parameters(), self.master.parameters()):
                     low.copy_(p)
+
+    def forward_backward(self, batch) -> torch.Tensor:
+        """One micro-batch: its averaged gradient of loss / k added to the step's (`self.summed`)."""
+        self._sync_compute()
+        k = self.recipe.accumulation_steps
         self.compute.zero_grad(set_to_none=True)
         loss = self.recipe.loss_fn(self.compute, batch)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        scaled = loss / k if k > 1 else loss
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         grads = [None if low.grad is None else low.grad.to(self.reduce_dtype or low.grad.dtype)
                  for low in self.compute.parameters()]
         average_gradients_(grads, self.group)
-        for g, p in zip(grads, self.master.parameters()):
+        summed = getattr(self, "summed", None) or [None] * len(grads)
+        self.summed = [s if g is None else g.to(self.grad_dtype or p.dtype) if s is None
+                       else s + g.to(self.grad_dtype or p.dtype)
+                       for s, g, p in zip(summed, grads, self.master.parameters())]
+        for g, p in zip(self.summed, self.master.parameters()):
             p.grad = None if g is None else g.to(p.dtype)
         return loss.detach()
+
+    def evaluate(self, batch) -> torch.Tensor:
+        self._sync_compute()
+        self.compute.eval()
+        try:
+            with torch.no_grad():
+                return self.recipe.loss_fn(self.compute, batch).detach()
+        finally:
+            self.compute.train()
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         inv = 1.0 / self.scaler.get_scale() if self.scaler is not None else 1.0
@@ -135,6 +164,7 @@ class DataParallelReference:
             scale = self.scaler.get_scale()
             result = StepResult(total_norm=total, skipped=scale < scale_before, scale=scale)
         self.optimizer.zero_grad(set_to_none=True)
+        self.summed = None
         return result
 
     def full_params(self) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ workload, the implementations of one run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Callable
 
@@ -22,35 +23,67 @@ from conformance.protocol import Recipe, ShardSpec
 
 
 def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: ShardSpec, recipe: Recipe,
-                    batches: list, *, dtype: torch.dtype | None = None) -> list:
+                    batches: list, *, dtype: torch.dtype | None = None, watch=None) -> list:
     """Run len(batches) steps on both sides; return the reference's StepResults. `batches[i]` is this
-    rank's batch of step i. `dtype`: the tolerance's dtype (default: that of the expected values)."""
+    rank's batch of step i (a list of `recipe.accumulation_steps` micro-batches when that is > 1).
+    `dtype`: the tolerance's dtype (default: that of the expected values). `watch(ctx, modules,
+    spec, recipe)`: observers of the candidate's run (dtype_contract.Watch), installed on the
+    user's modules once the trainer is built, so that they see what the engine's hooks made."""
     with ctx.seeded(0):
         model = build().to(ctx.device)
+    frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
+    assert set(frozen) == set(recipe.frozen), f"the model's frozen parameters {frozen} != recipe.frozen {recipe.frozen}"
     key = shared_reference.key(ctx, build, model, spec, recipe, batches)
     reference = shared_reference.replay_or_record(
         ctx, key, lambda: DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group))
+    modules = {path: (m, tuple(m._parameters)) for path, m in model.named_modules()}
     trainer = impl.trainer(model, spec, recipe)
+    observer = None if watch is None else watch(ctx, modules, spec, recipe)
     try:
-        results = compare_steps(ctx, trainer, reference, recipe, batches, dtype)
+        results = compare_steps(ctx, trainer, reference, recipe, batches, dtype, watch=observer)
         reference.keep()
         return results
     finally:
+        if observer is not None:
+            observer.close()
         if hasattr(trainer, "close"):
             trainer.close()
 
 
-def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first: int = 0) -> list:
-    """Train `trainer` and `reference` on `batches` side by side, comparing loss, full gradients,
-    the step's report and full parameters after every step (numbered from `first` in messages);
-    return the reference's StepResults."""
+class _NoWatch:
+    def during(self, step: int, phase: str, micro: int = 0):
+        return contextlib.nullcontext()
+
+    def verify(self) -> None:
+        pass
+
+
+def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first: int = 0, watch=None) -> list:
+    """Train `trainer` and `reference` on `batches` side by side, comparing the evaluation loss
+    (when `recipe.eval_every` asks for one before the step), every micro-batch's loss, the full
+    gradients, the step's report and the full parameters after every step (numbered from `first` in
+    messages); return the reference's StepResults. `watch` observes the trainer's phases and
+    names the first broken boundary before the numbers are compared."""
+    watch = watch or _NoWatch()
     results = []
     for i, batch in enumerate(batches, start=first):
-        loss = trainer.forward_backward(batch)
-        ref_loss = reference.forward_backward(batch)
-        assert_close(ctx, loss.float(), ref_loss.float(), f"step {i} loss", dtype=dtype)
+        micro = recipe.micro_batches(batch)
+        if recipe.evaluates_before(i):
+            with watch.during(i, "eval"):
+                loss = trainer.evaluate(micro[0])
+            assert_close(ctx, loss.float(), reference.evaluate(micro[0]).float(), f"step {i} eval loss", dtype=dtype)
+        for j, one in enumerate(micro):
+            with watch.during(i, "forward_backward", j):
+                loss = trainer.forward_backward(one)
+            ref_loss = reference.forward_backward(one)
+            where = f"step {i} micro-batch {j}" if len(micro) > 1 else f"step {i}"
+            assert_close(ctx, loss.float(), ref_loss.float(), f"{where} loss", dtype=dtype)
+        watch.verify()
         assert_close(ctx, trainer.full_grads(), reference.full_grads(), f"step {i} gradients", dtype=dtype)
-        got, want = trainer.step(), reference.step()
+        with watch.during(i, "step"):
+            got = trainer.step()
+        want = reference.step()
+        watch.verify()
         if recipe.clip is not None:
             assert got.total_norm is not None, f"step {i}: the trainer clipped but reported no total norm"
             assert_close(ctx, torch.tensor(float(got.total_norm)), torch.tensor(want.total_norm),
@@ -64,4 +97,3 @@ def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first
         assert_close(ctx, trainer.full_params(), reference.full_params(), f"step {i} parameters", dtype=dtype)
         results.append(want)
     return results
-

@@ -133,7 +133,9 @@ def _rng_moved(before: list[torch.Tensor], device: torch.device) -> bool:
 
 
 class Recording:
-    """The reference, with every output of every step copied as it is produced."""
+    """The reference, with every output of every step copied as it is produced. A step is
+    {"evals": [loss, ...], "losses": [loss per micro-batch], "grads", "result", "params"}; it opens
+    at its first evaluate or forward_backward and closes with full_params."""
 
     def __init__(self, reference, cell_key: tuple, device: torch.device) -> None:
         self.reference, self.key, self.device, self.steps = reference, cell_key, device, []
@@ -145,9 +147,19 @@ class Recording:
         self.drew_random |= _rng_moved(before, self.device)
         return out
 
+    def _open(self) -> dict:
+        if not self.steps or "params" in self.steps[-1]:
+            self.steps.append({"evals": [], "losses": []})
+        return self.steps[-1]
+
+    def evaluate(self, batch) -> torch.Tensor:
+        loss = self._watch(lambda: self.reference.evaluate(batch))
+        self._open()["evals"].append(_copied(loss))
+        return loss
+
     def forward_backward(self, batch) -> torch.Tensor:
         loss = self._watch(lambda: self.reference.forward_backward(batch))
-        self.steps.append({"loss": _copied(loss)})
+        self._open()["losses"].append(_copied(loss))
         return loss
 
     def full_grads(self) -> dict:
@@ -167,20 +179,32 @@ class Recording:
 
     def keep(self) -> None:
         """Store the run for later cells: only a complete one that drew no random numbers."""
-        if self.key is None or self.drew_random or not self.steps or any(len(s) != 4 for s in self.steps):
+        complete = all({"grads", "result", "params"} <= s.keys() and s["losses"] for s in self.steps)
+        if self.key is None or self.drew_random or not self.steps or not complete:
             return
         _keep(self.key, self.steps)
 
 
 class Replay:
-    """The same interface, answered from a recording, step by step."""
+    """The same interface, answered from a recording, step by step and micro-batch by micro-batch."""
 
     def __init__(self, steps: list) -> None:
-        self.steps, self.i = steps, -1
+        self.steps, self.i, self.closed = steps, -1, True
+
+    def _open(self) -> dict:
+        if self.closed:
+            self.i, self.closed, self.evals, self.micro = self.i + 1, False, 0, 0
+        return self.steps[self.i]
+
+    def evaluate(self, batch) -> torch.Tensor:
+        step = self._open()
+        self.evals += 1
+        return step["evals"][self.evals - 1]
 
     def forward_backward(self, batch) -> torch.Tensor:
-        self.i += 1
-        return self.steps[self.i]["loss"]
+        step = self._open()
+        self.micro += 1
+        return step["losses"][self.micro - 1]
 
     def full_grads(self) -> dict:
         return self.steps[self.i]["grads"]
@@ -189,6 +213,7 @@ class Replay:
         return self.steps[self.i]["result"]
 
     def full_params(self) -> dict:
+        self.closed = True
         return self.steps[self.i]["params"]
 
     def keep(self) -> None:
