@@ -75,7 +75,8 @@ def traffic_table(counter: CollectiveCounter) -> dict[str, dict]:
         row["volume"] += c.volume
         row["sent"] += c.sent
         n = len(c.ranks) if c.ranks else None
-        for key, value in (("dtypes", c.dtype), ("group_sizes", n)):
+        dtype = None if c.dtype is None else str(c.dtype).removeprefix("torch.")
+        for key, value in (("dtypes", dtype), ("group_sizes", n)):
             if value is not None and value not in row[key]:
                 row[key].append(value)
     return out

@@ -51,9 +51,14 @@ class Collective:
 
     kind: str
     op: str
-    volume: int            # bytes of the full buffer (see the module doc)
-    dtype: str | None      # of the largest tensor operand
-    ranks: tuple | None    # the global ranks of its group (None: not found)
+    volume: int                  # bytes of the full buffer (see the module doc)
+    dtype: torch.dtype | None    # of the largest tensor operand
+    ranks: tuple | None          # the global ranks of its group (None: not found)
+
+    @property
+    def reduces_floats(self) -> bool:
+        """A reduction (reduce-scatter, all-reduce) of floating-point values: gradients, norms."""
+        return self.kind in ("reduce_scatter", "all_reduce") and self.dtype is not None and self.dtype.is_floating_point
 
     @property
     def sent(self) -> float:
@@ -66,9 +71,9 @@ def _nbytes(tree) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
-def _dtype(args, out) -> str | None:
+def _dtype(args, out) -> torch.dtype | None:
     tensors = [t for t in tree_leaves((args, out)) if isinstance(t, torch.Tensor)]
-    return str(max(tensors, key=torch.Tensor.numel).dtype).removeprefix("torch.") if tensors else None
+    return max(tensors, key=torch.Tensor.numel).dtype if tensors else None
 
 
 def _ranks_of(func, args, cache: dict) -> tuple | None:
