@@ -54,11 +54,8 @@ def main(args) -> int:
 
     through_trainer = args.trainer or args.impl not in SIMULATORS
     try:
-        if through_trainer and args.mesh:
-            raise ValueError("--mesh (HYBRID_SHARD) is simulated parameter by parameter only: "
-                             f"--impl {' or '.join(SIMULATORS)}")
         if through_trainer:
-            report = trainers.simulate(args.impl, args.world_size, args.model, args.ranks)
+            report = trainers.simulate(args.impl, args.world_size, args.model, args.ranks, args.mesh)
         else:
             report = runner.simulate(args.impl, args.world_size, args.model, args.ranks, args.step, args.mesh)
     except (ValueError, ImportError, UnknownAdapter) as exc:

@@ -4,8 +4,8 @@
 promises (conformance/measure/promises.py). Nothing here knows any engine.
 
 One process plays one rank of N (fake_group.fake_world): the model is built on the CPU (a preset,
-every rank alike), handed to the trainer with every transformer block as a unit, and trained one
-step; the collectives return at once with meaningless data, so nothing is compared but bytes. The
+every rank alike), handed to the trainer with every transformer block as a unit (FULL_SHARD, or
+HYBRID_SHARD on a 2-D (replicate, shard) mesh), and trained one step; the collectives return at once with meaningless data, so nothing is compared but bytes. The
 unsharded figures are the model's arithmetic, not a run (unsharded training of a billion parameters
 does not fit a rank): parameters P, Adam's two moments 2P, gradients P, and no activation worth
 counting at the presets' few tokens.
@@ -24,7 +24,9 @@ import torch
 from conformance import adapters
 from conformance.measure import footprint, promises
 from conformance.protocol import Optimizer, Recipe, ShardSpec
+from conformance.protocol.capabilities import of_strategy
 
+from .expected import Mesh
 from .fake_group import fake_world
 from .presets import build
 
@@ -63,10 +65,10 @@ def _loss(model, tokens):
 RECIPE = Recipe(loss_fn=_loss, optimizer=Optimizer("adam", lr=1e-3))
 
 
-def _full_shard(impl: str):
+def _capable(impl: str, strategy: str):
     adapter = adapters.load(impl)
-    if "full_shard" not in adapter.capabilities:
-        raise ValueError(f"{impl} does not declare full_shard: nothing to simulate through its trainer")
+    if of_strategy(strategy) not in adapter.capabilities:
+        raise ValueError(f"{impl} does not declare {of_strategy(strategy)}: nothing to simulate through its trainer")
     return adapter
 
 
@@ -78,35 +80,44 @@ def unsharded_figures(parameter_bytes: int) -> dict:
             "gradients": p, "backward": p, "forward": 0, "peak": 4 * p, "traffic": {}}
 
 
-def simulate_rank(impl: str, world_size: int, model_name: str, rank: int) -> dict:
-    """One rank of `world_size`: FULL_SHARD by `impl`'s trainer, its figures and broken promises."""
+def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: str | None = None) -> dict:
+    """One rank of `world_size`: FULL_SHARD (or HYBRID_SHARD on the 2-D `mesh` "RxS") by `impl`'s
+    trainer, its figures and broken promises."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    adapter = _full_shard(impl)
+    shape2d = Mesh.parse(mesh, world_size)
+    strategy = "HYBRID_SHARD" if shape2d.two_d else "FULL_SHARD"
+    adapter = _capable(impl, strategy)
     started = time.perf_counter()
     with fake_world(rank, world_size), _local_rank(rank):
         shape = build(model_name)  # on meta: the parameter count, for free
         p = sum(t.numel() * 4 for t in shape.parameters())
         units = tuple(f"blocks.{i}" for i in range(len(shape.blocks)))
-        spec = ShardSpec(strategy="FULL_SHARD", units=units, mesh=init_device_mesh("cpu", (world_size,)))
+        device_mesh = (init_device_mesh("cpu", (shape2d.replicate, shape2d.shard), mesh_dim_names=("replicate", "shard"))
+                       if shape2d.two_d else init_device_mesh("cpu", (world_size,)))
+        spec = ShardSpec(strategy=strategy, units=units, mesh=device_mesh)
         tokens = shape.example_input("cpu")
         measured = footprint.measure(_Rank(rank), lambda: build(model_name, "cpu"),
                                      lambda model, recipe: adapter.trainer(model, spec, recipe), RECIPE, [tokens])
-    failures, figures = promises.judge("FULL_SHARD", world_size, 1, measured, unsharded_figures(p))
+    failures, figures = promises.judge(strategy, shape2d.shard, shape2d.replicate, measured, unsharded_figures(p))
     from .runner import max_rss_mib
 
     return {"rank": rank, "failures": failures, "figures": figures,
             "seconds": round(time.perf_counter() - started, 1), "max_rss_mib": round(max_rss_mib(), 1)}
 
 
-def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None) -> dict:
-    """Simulate `ranks` (default the first and the last) of `impl`'s FULL_SHARD trainer: a report
-    shaped like runner.simulate's (target, ranks, cells, summary, resources)."""
+def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None,
+             mesh: str | None = None) -> dict:
+    """Simulate `ranks` (default the first and the last) of `impl`'s FULL_SHARD trainer (HYBRID_SHARD
+    on the 2-D `mesh` "RxS"): a report shaped like runner.simulate's (target, ranks, cells, summary,
+    resources)."""
     from .runner import max_rss_mib
 
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")
-    _full_shard(impl)  # a bad name or a replicating engine fails before anything is built
+    shape2d = Mesh.parse(mesh, world_size)  # a bad mesh, name or a replicating engine fails first
+    strategy = "HYBRID_SHARD" if shape2d.two_d else "FULL_SHARD"
+    _capable(impl, strategy)
     ranks = sorted(set(ranks or {0, world_size - 1}))
     for r in ranks:
         if not 0 <= r < world_size:
@@ -115,7 +126,7 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
     per_rank, cells = [], []
     for r in ranks:
         try:
-            result = _in_own_process(simulate_rank, impl, world_size, model_name, r)
+            result = _in_own_process(simulate_rank, impl, world_size, model_name, r, mesh)
         except Exception as exc:  # the engine could not train this rank on the fake group: say so
             cells.append({"check": "footprint", "rank": r, "outcome": "error",
                           "detail": [f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"]})
@@ -125,7 +136,8 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
                       "detail": result["failures"] or [_held(result["figures"])]})
     return {
         "suite": {"name": "shardcheck", "mode": "simulate"},
-        "target": {"implementation": impl, "world_size": world_size, "strategy": "FULL_SHARD", "ranks": ranks,
+        "target": {"implementation": impl, "world_size": world_size, "strategy": strategy, "ranks": ranks,
+                   "mesh": [shape2d.replicate, shape2d.shard],
                    "model": model_name, "backend": "fake", "device": "cpu", "torch": torch.__version__},
         "coverage": "the implementation's own trainer, one step on the CPU against a fake process group; "
                     "memory by kind and traffic measured (conformance/measure), no numerics",
@@ -149,7 +161,7 @@ def _held(figures: dict) -> str:
     rest, sent = figures["rest"], figures["sent"]
     return (f"holds {rest['ratio']:.4f}x of unsharded between steps (bound {rest['bound'] / rest['unsharded']:.4f}x), "
             f"gathered after forward {figures['forward']['gathered'] / figures['parameter_bytes']:.3f}x of the "
-            f"parameters, sends {sent['ratio']:.2f}x of FULL_SHARD's formula")
+            f"parameters, sends {sent['ratio']:.2f}x of {figures['strategy']}'s formula")
 
 
 def human_summary(report: dict) -> str:

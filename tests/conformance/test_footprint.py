@@ -162,3 +162,13 @@ def test_simulate_any_adapter_through_its_trainer_at_a_large_world_size():
     assert any(f.startswith("held between steps") for f in liar["failures"])
     with pytest.raises(ValueError, match="does not declare full_shard"):
         trainers.simulate("ddp", 8, "tiny")
+
+
+def test_simulate_hybrid_shard_through_the_trainer_on_a_2d_mesh():
+    from conformance.simulate import trainers
+
+    rank = trainers.simulate_rank("torch-fsdp2", 64, "tiny", 63, mesh="2x32")
+    figures = rank["figures"]
+    assert (figures["strategy"], figures["shard_size"], figures["replicas"]) == ("HYBRID_SHARD", 32, 2)
+    assert "all_reduce" in figures["sent"]["by_kind"]  # across the replicas
+    assert figures["optimizer"]["ratio"] < 0.1
