@@ -12,6 +12,8 @@ run and its ranks), cells, and the split of the wall time into
     other      the rest of the check bodies
     reporting  the report writer and the progress display
 
+and each family's share of the cells' own time (their pytest durations, summed).
+
 The split (gloo runs; the threaded run is timed only) comes from a sampling profiler (about 100 Hz)
 in the pytest process and in every rank: it is loaded into the run as a pytest plugin
 (`-p conformance.bench`, active only when SHARDCHECK_BENCH_DIR is set). A rank's sample is put in the first category named by a frame of its check body, outermost
@@ -193,7 +195,10 @@ def run_matrix(backend: str, args) -> dict:
             raise SystemExit(f"conformance.bench: the {backend} run wrote no report (exit {proc.returncode}): "
                              f"{proc.stderr.strip().splitlines()[-1:]}")
         cells = reading.load(report)["cells"]
-        return {"backend": backend, "exit_status": proc.returncode, "wall_s": round(wall, 2),
+        by_family = collections.Counter()
+        for c in cells:
+            by_family[c["family"]] += c["duration_s"]
+        return {"by_family_s": {f: round(t, 2) for f, t in by_family.most_common()},"backend": backend, "exit_status": proc.returncode, "wall_s": round(wall, 2),
                 "user_s": round(after.ru_utime - before.ru_utime, 2),
                 "sys_s": round(after.ru_stime - before.ru_stime, 2), "cells": len(cells),
                 "passed": sum(c["outcome"] == "passed" for c in cells),
@@ -214,6 +219,10 @@ def main(argv=None) -> dict:
     for r in rows:
         print(f"{r['backend']:>9} {r['wall_s']:>7.1f} {r['user_s']:>7.1f} {r['sys_s']:>7.1f} {r['cells']:>6}  " +
               " ".join(f"{r['split_s'][c]:>9.1f}" if r["split_s"] else f"{'-':>9}" for c in CATEGORIES))
+    for r in rows:  # each family's share of the cells' own time (pytest's durations, summed)
+        total = sum(r["by_family_s"].values()) or 1.0
+        print(f"{r['backend']:>9} by family: " + ", ".join(
+            f"{f} {t:.1f} s ({t / total:.0%})" for f, t in r["by_family_s"].items()))
     summary = {"benchmark": "conformance_matrix", "impl": args.impl, "world_sizes": args.world_sizes,
                "runs": rows}
     if len(rows) == 2:

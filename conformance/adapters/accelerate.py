@@ -9,8 +9,12 @@ FSDP1 needs), `joint` (FSDP1, `prepare(model, optimizer)` with the optimizer bui
 (`fsdp_version=2`, `reshard_after_forward`; model and optimizer prepared together, as FSDP2 requires),
 `unshimmed` (FSDP1 as a user builds it on a CPU machine, `Accelerator(cpu=True, ...)`: F27), `config`
 (the user's own config file: accelerate_config.py). On CPU the shim `fsdp_on_cpu` below is needed.
+Units (`spec.unit_modules`) are the plugin's `auto_wrap_policy` (`wrap_for`): for FSDP1 a callable (torch's
+`lambda_auto_wrap_policy` over the units); for FSDP2 `"transformer_based_wrap"` with the units' class
+names, the only forms its `prepare` honours (a callable is dropped, silently: FINDINGS F38), so units
+no set of classes picks out alone are unsupported there.
 Not declared: loss scaling (Accelerate scales only fp16 on an accelerator device), HYBRID_SHARD (a
-`ParallelismConfig` device mesh); units are not mapped (its wrap policies are by class or size).
+`ParallelismConfig` device mesh).
 """
 
 from __future__ import annotations
@@ -46,8 +50,20 @@ def fsdp_on_cpu(accelerator, plugin) -> None:
         plugin.set_mixed_precision(accelerator.state.mixed_precision)  # ditto (keeps a policy already set)
 
 
-def plugin_for(spec, version: int):
-    """The plugin and mixed_precision a user writes for `spec`: strategy, compute and reduce dtypes."""
+def wrap_for(spec, model, version: int) -> dict:
+    """The plugin's wrap policy for `spec`'s units ({} without units), as the plugin's docs give it."""
+    if not spec.unit_modules(model):
+        return {}
+    if version == 1:  # FSDP(auto_wrap_policy=...) takes any callable policy
+        return {"auto_wrap_policy": frontends.wrap_policy(spec, model)}
+    # fsdp2_prepare_auto_wrap_policy knows transformer_auto_wrap_policy (by the class names) and size only
+    return {"auto_wrap_policy": "transformer_based_wrap",
+            "transformer_cls_names_to_wrap": frontends.unit_class_names(
+                spec, model, "Accelerate's FSDP2 (a callable auto_wrap_policy is ignored: F38)")}
+
+
+def plugin_for(spec, model, version: int):
+    """The plugin and mixed_precision a user writes for `spec`: strategy, units, compute and reduce dtypes."""
     mp, policy = spec.mixed_precision, None
     if mp is not None:
         from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
@@ -55,7 +71,8 @@ def plugin_for(spec, version: int):
             param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype)
     strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
         {"reshard_after_forward": frontends.STRATEGIES_FSDP2[spec.strategy]}
-    return (FullyShardedDataParallelPlugin(fsdp_version=version, mixed_precision_policy=policy, **strategy),
+    return (FullyShardedDataParallelPlugin(fsdp_version=version, mixed_precision_policy=policy, **strategy,
+                                           **wrap_for(spec, model, version)),
             PRECISION.get(mp and mp.param_dtype, "no"))
 
 
@@ -139,8 +156,10 @@ class AccelerateAdapter:
         if self.variant == "config":  # the user's own config file (accelerate_config.py)
             kwargs, mixed_precision = accelerate_config.load(FullyShardedDataParallelPlugin)
             accelerate_config.check_cell(kwargs, mixed_precision, spec)
+            if "auto_wrap_policy" not in kwargs:  # the file's own policy stands; without one, the cell's units
+                kwargs.update(wrap_for(spec, model, int(kwargs.get("fsdp_version", 1))))
             plugin = FullyShardedDataParallelPlugin(**kwargs)
         else:
-            plugin, mixed_precision = plugin_for(spec, 2 if self.variant == "fsdp2" else 1)
+            plugin, mixed_precision = plugin_for(spec, model, 2 if self.variant == "fsdp2" else 1)
         return AccelerateTrainer(model, recipe, plugin, mixed_precision, shim=self.variant != "unshimmed",
                                  joint=plugin.fsdp_version == 2 or self.variant == "joint")

@@ -8,7 +8,8 @@ The file's `fsdp_config` keys are the `FullyShardedDataParallelPlugin` fields wi
 `transformer_cls_names_to_wrap`), and `mixed_precision` is the Accelerator's. A config fixes one
 strategy and one precision: a cell asking for another is unsupported, with the reason; every other
 cell runs the config as written (a bf16 config reduces gradients in bf16 unless it says otherwise, and
-is judged on that).
+is judged on that). A config that names no `fsdp_auto_wrap_policy` gets the cell's units as the other
+variants do (accelerate.wrap_for); one that names a policy keeps it.
 """
 
 from __future__ import annotations

@@ -9,8 +9,11 @@ no in-memory full state. Variants: `FSDPStrategy` (default; FSDP1, joint setup),
 (FSDPStrategy, setup_module -> optimizer -> setup_optimizers), `model-parallel` (`ModelParallelStrategy`
 with `fully_shard` as its parallelize_fn: FSDP2, the order its docs show), `model-parallel-joint`
 (ModelParallelStrategy, `fabric.setup(model, optimizer)`: FINDINGS), `unshimmed` (FSDPStrategy as a user
-builds it on CPU: Fabric refuses it, FINDINGS). Precision: "bf16-mixed" / "16-mixed" with float32
-gradient reduction. FSDPStrategy needs the CPU shim `CpuFSDPStrategy`; ModelParallelStrategy none.
+builds it on CPU: Fabric refuses it, FINDINGS). Units (`spec.unit_modules`): FSDPStrategy's
+`auto_wrap_policy` (a callable, frontends.wrap_policy); ModelParallelStrategy's parallelize_fn calls
+`fully_shard` on each unit, then on the root, as Lightning's FSDP2 guide does per layer. Precision:
+"bf16-mixed" / "16-mixed" with float32 gradient reduction. FSDPStrategy needs the CPU shim
+`CpuFSDPStrategy`; ModelParallelStrategy none.
 Not declared: loss scaling (only "16-mixed"'s scaler, never over float32 compute); for ModelParallelStrategy
 NO_SHARD / HYBRID_SHARD (its mesh is (data, tensor) parallel) and fp16 (it refuses "16-mixed").
 """
@@ -48,7 +51,7 @@ class CpuFSDPStrategy(FSDPStrategy):
                                         **self._fsdp_kwargs)
 
 
-def strategy_for(variant, spec):
+def strategy_for(variant, spec, model):
     mp = spec.mixed_precision
     if variant.startswith("model-parallel"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -56,22 +59,26 @@ def strategy_for(variant, spec):
         policy = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else MixedPrecisionPolicy()
 
         def parallelize(model, mesh):  # the user's parallelize_fn: fully_shard over the data-parallel mesh
-            fully_shard(model, mesh=mesh["data_parallel"], mp_policy=policy,
-                        reshard_after_forward=frontends.STRATEGIES_FSDP2[spec.strategy])
+            kwargs = dict(mesh=mesh["data_parallel"], mp_policy=policy,
+                          reshard_after_forward=frontends.STRATEGIES_FSDP2[spec.strategy])
+            for _, unit in spec.unit_modules(model):  # each unit (deepest first), then the root
+                fully_shard(unit, **kwargs)
+            fully_shard(model, **kwargs)
             return model
         return ModelParallelStrategy(parallelize, data_parallel_size=dist.get_world_size(), tensor_parallel_size=1)
     from torch.distributed.fsdp import MixedPrecision
 
     kwargs = {"device_mesh": spec.mesh} if spec.strategy == "HYBRID_SHARD" else {}
     return (FSDPStrategy if variant == "unshimmed" else CpuFSDPStrategy)(
-        sharding_strategy=spec.strategy, **kwargs,
+        sharding_strategy=spec.strategy, **kwargs, auto_wrap_policy=frontends.wrap_policy(spec, model),
         mixed_precision=MixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else None)
 
 
 class LightningTrainer:
     def __init__(self, model, spec, recipe, variant):
         mp = spec.mixed_precision
-        self.fabric = Fabric(accelerator="cpu", devices=dist.get_world_size(), strategy=strategy_for(variant, spec),
+        self.fabric = Fabric(accelerator="cpu", devices=dist.get_world_size(),
+                             strategy=strategy_for(variant, spec, model),
                              precision=PRECISION.get(mp and mp.param_dtype, "32-true"))
         self.fabric.launch()
         self.recipe = recipe

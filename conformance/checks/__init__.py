@@ -12,7 +12,7 @@ test_<family>*.py.
 from pathlib import Path
 
 LAYERS = {
-    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint", "training_loop"),
+    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint", "sharding", "training_loop"),
     "api": ("clip_grad", "grad_scaler", "extensions", "comm_hooks"),
 }
 FAMILIES = tuple(f for families in LAYERS.values() for f in families)

@@ -25,7 +25,7 @@ rebuilds the report from the cells a run streamed, e.g. after a crash (`complete
 rewrites a report of an earlier schema version as the current one (in place by default) and says
 its size before and after.
 
-    shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html]
+    shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html] [--memory-chart OUT.svg]
     shardcheck diff OLD NEW
     shardcheck simulate --impl NAME --world-size N --model PRESET
 
@@ -248,6 +248,8 @@ def _add_matrix_and_diff(sub) -> None:
     matrix.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports to merge")
     matrix.add_argument("--markdown", metavar="OUT.md", help="write the Markdown here (default: stdout)")
     matrix.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML page with a chart")
+    matrix.add_argument("--memory-chart", metavar="OUT.svg",
+                        help="write the family sharding's memory per rank against world size (matplotlib)")
     diff = sub.add_parser("diff", help="cells that regressed, got fixed, appeared or vanished; "
                                        "exit code 1 on a regression")
     diff.add_argument("old", metavar="OLD", help="the earlier JSON report")

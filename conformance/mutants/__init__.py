@@ -91,6 +91,15 @@ mutant-ckpt-export-local-shard        full_state_dict returns the local shards  
   (CheckpointExportLocalShard)
 mutant-ckpt-load-unchecked            load does not validate files and shapes (errors name nothing)                       test_checkpoint.py::test_bad_input
   (CheckpointLoadUnchecked)
+mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)  test_sharding.py::test_sharding
+  (ReplicatesDeclaresFullShard)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
+mutant-no-reshard-after-forward       FULL_SHARD never reshards after forward (gathered parameters kept until backward)   test_sharding.py::test_sharding
+  (NoReshardAfterForward)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
+mutant-unsharded-optimizer-state      optimizer state kept at full size on every rank (parameters and gradients sharded)  test_sharding.py::test_sharding
+  (UnshardedOptimizerState)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
 mutant-accumulation-overwrite         accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)    test_training_loop.py::test_training_loop
   (AccumulationOverwrite)             exactly the cells [*-accumulate-*]                                                  test_training_loop.py::test_training_loop_mixed_precision
 mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outside autograd (their gradient lost)        test_training_loop.py::test_training_loop_mixed_precision
@@ -126,6 +135,9 @@ from conformance.mutants.comm import (
     CommHookNonRootAccepted,
     CommHookReregister,
     CommHookRootOnlyChecked,
+)
+from conformance.mutants.footprint import (
+    NoReshardAfterForward, ReplicatesDeclaresFullShard, UnshardedOptimizerState,
 )
 from conformance.mutants.extensions import (
     ExtensionHooksIgnored,
@@ -194,6 +206,9 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CheckpointOptimStateNotResharded,
     CheckpointExportLocalShard,
     CheckpointLoadUnchecked,
+    ReplicatesDeclaresFullShard,
+    NoReshardAfterForward,
+    UnshardedOptimizerState,
     AccumulationOverwrite,
     DetachedInputCast,
     ReduceDtypeLostAfterEval,

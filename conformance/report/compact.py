@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 
 COLUMNS = ("case", "impl", "outcome", "duration_s", "phase", "text", "ranks", "max_abs_err", "max_rel_err",
-           "tolerances", "expectation", "nodeid", "max_margin")  # version 3's rows stop before max_margin
+           "tolerances", "expectation", "nodeid", "max_margin", "footprint")  # version 3's rows stop before
+# max_margin, version 4's before footprint
 DEFAULTS = {"phase": "call", "text": "", "ranks": {}, "max_abs_err": None, "max_rel_err": None,
-            "tolerances": [], "expectation": None, "nodeid": None, "max_margin": None}
+            "tolerances": [], "expectation": None, "nodeid": None, "max_margin": None,
+            "footprint": None}
 LARGEST = 1.7976931348623157e308  # the margin of a NaN or infinity on one side only (JSON has no inf)
 RANK_OUTCOME = {"passed": "passed", "xpassed": "passed", "failed": "failed", "error": "failed",
                 "xfailed": "failed", "skipped": "skipped", "unsupported": "skipped"}  # what its ranks said
@@ -133,6 +135,7 @@ def encode(cells: list[dict], implementations: list[dict], split=lambda text: [t
             "expectation": expectations.add(cell["expectation"]) if cell["expectation"] is not None else None,
             "nodeid": None if _join(test_id, impl_id, case_id) == cell["nodeid"] else cell["nodeid"],
             "max_margin": _margin(cell.get("max_margin")),
+            "footprint": cell.get("footprint"),
         }
         row = [None if c in DEFAULTS and values[c] == DEFAULTS[c] else values[c] for c in COLUMNS]
         while row[-1] is None:
@@ -167,6 +170,7 @@ def decode(report: dict) -> list[dict]:
             "tolerances": report["tolerances"][tol] if isinstance(tol, int) else [],
             "expectation": report["expectations"][exp] if exp is not None else None,
             "max_margin": values["max_margin"],
+            "footprint": values["footprint"],
         })
     return cells
 

@@ -1,4 +1,4 @@
-"""`shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html]`: the cross-implementation matrix.
+"""`shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html] [--memory-chart OUT.svg]`: the cross-implementation matrix.
 
 Reads JSON reports (conformance.report.reading: validated, version 1 upgraded), merges them (one per
 implementation, or one run with several; for a cell in several reports a verdict beats
@@ -11,6 +11,8 @@ renders, as Markdown (stdout by default, fit for a CI job summary) and a self-co
   implementation of its own) with coverage beside conformance, so a run that reached few cells does
   not look green;
 - the families x implementations table;
+- memory per rank against world size from the family sharding (conformance.report.footprints; with
+  `--memory-chart OUT.svg` also a picture, linked from the Markdown);
 - the known failures (xfailed cells) grouped by finding, with reason and reproduction;
 - the failing cells.
 
@@ -20,12 +22,13 @@ xfailed, known failure counts as not passed): conformance.report.coverage.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
-from conformance.report import coverage, texts
+from conformance.report import coverage, footprints, texts
 from conformance.report.cells import strip_impl
 from conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
 
@@ -183,7 +186,8 @@ def _ratio(tally: dict, what: str, part: str, whole: str) -> str:
     return f"{coverage.show(tally[what])} ({tally[part]}/{tally[whole]})"
 
 
-def markdown(reports: list[dict]) -> str:
+def markdown(reports: list[dict], chart: str | None = None) -> str:
+    """The matrix in Markdown; `chart`: the memory chart's path, as the Markdown links it."""
     cells = merge(reports)
     families, columns, counts = tabulate(cells)
     out = ["## shardcheck conformance matrix", "", *(f"{line}  " for line in header(reports)), "",
@@ -198,6 +202,7 @@ def markdown(reports: list[dict]) -> str:
         row = [f"**{coverage.show(rate(counts[family, c]))}** {describe(counts[family, c])}".rstrip()
                if counts[family, c] else "–" for c in columns]
         out.append(f"| {'**all**' if family == 'all' else _md(family)} | " + " | ".join(row) + " |")
+    out += footprints.markdown(cells, chart)
     groups = known(cells)
     out += ["", f"### Known failures ({sum(len(g['cells']) for g in groups)} cells, {len(groups)} findings)"]
     for g in groups:
@@ -232,9 +237,15 @@ def main(args) -> int:
     for column, cid, kept, kept_in, dropped, dropped_in in conflicts:
         print(f"shardcheck matrix: {column} {cid}: {kept['outcome']} ({paths[id(kept_in)]}) over "
               f"{dropped['outcome']} ({paths[id(dropped_in)]})", file=sys.stderr)
+    chart = getattr(args, "memory_chart", None)
+    if chart:
+        Path(chart).parent.mkdir(parents=True, exist_ok=True)
+        Path(chart).write_text(footprints.chart_svg(merge(reports)))
+        print(f"shardcheck: memory chart written to {chart}")
+    linked = chart and os.path.relpath(chart, Path(args.markdown).parent if args.markdown else ".")
     if not args.markdown and not args.html:
-        print(markdown(reports), end="")
-    for path, render in ((args.markdown, markdown), (args.html, page.html_page)):
+        print(markdown(reports, linked), end="")
+    for path, render in ((args.markdown, lambda r: markdown(r, linked)), (args.html, page.html_page)):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(render(reports))

@@ -13,7 +13,7 @@ import io
 import math
 
 from conformance.checks.support.tolerances import dtype_of
-from conformance.report import coverage
+from conformance.report import coverage, footprints
 from conformance.report.matrix import (FOLD, NOTE, describe, failing, first_line, header, known, merge,
                                        newest_last, rate, rows, tabulate)
 
@@ -202,6 +202,10 @@ def html_page(reports: list[dict]) -> str:
     except ImportError:  # matplotlib is the extra `chart`
         chart = ('<p class="note">No chart: matplotlib is not installed '
                  "(<code>pip install 'shardcheck[chart]'</code>).</p>")
+    try:
+        memory = footprints.chart_svg(cells) if footprints.table(cells) else "<p>No report here measured memory.</p>"
+    except ImportError:
+        memory = '<p class="note">No chart: matplotlib is not installed.</p>'
     groups = known(cells)
     fails = failing(cells)
     fail_rows = "".join(f"<tr><td>{e(col)}</td><td><code>{e(cid)}</code></td><td>{e(msg)}</td></tr>"
@@ -224,6 +228,10 @@ def html_page(reports: list[dict]) -> str:
 <p class="note">Per family, a cell per row and an implementation per column: ✓ passed, ✗ failed, E error,
 x known failure, X unexpectedly passed, U unsupported, s skipped; hover for the message or the reason.</p>
 {grid_html(cells, columns)}
+<h2>Memory per rank</h2>
+<p class="note">Family sharding: held between steps as a share of unsharded training, against world size
+(1/n dashed: perfect sharding).</p>
+{memory}
 <h2>Margins</h2>
 <p class="note">How much of its tolerance each cell used: max |a - b| / (atol + rtol * |b|) over its
 comparisons, 1 being the tolerance (hover a bar for the cell).</p>

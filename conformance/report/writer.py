@@ -70,6 +70,16 @@ def _margin(errors: list[dict]) -> float | None:
     return None if worst is None else min(worst, compact.LARGEST) if not math.isnan(worst) else compact.LARGEST
 
 
+def _footprint(per_rank: dict) -> dict | None:
+    """Of the sharding family's figures (`ctx.record("footprint", ...)` on every rank), those of the
+    rank that held the most between steps, with its number; None when no rank measured."""
+    held = {int(rank): figures[-1] for rank, figures in per_rank.items() if figures}
+    if not held:
+        return None
+    rank = max(held, key=lambda r: (held[r]["rest"]["measured"], -r))
+    return _jsonable({"rank": rank, **held[rank]})
+
+
 def _largest(values) -> float | None:
     """The largest measured error over every rank's comparisons; NaN wins (max() would drop a NaN
     that is not first); None when nothing was compared."""
@@ -223,6 +233,7 @@ class ReportWriter:
             "max_abs_err": _jsonable(_largest(e["max_abs"] for e in errors)),
             "max_rel_err": _jsonable(_largest(e["max_rel"] for e in errors)),
             "max_margin": _margin(errors),
+            "footprint": _footprint(props.get("footprint", {})),
             "tolerances": sorted({(e["rtol"], e["atol"]) for e in errors if e["rtol"] is not None}),
             "expectation": _jsonable(props.get("expectation")),
         }

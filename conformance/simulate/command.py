@@ -3,6 +3,12 @@
     shardcheck simulate --impl reference --world-size 1024 --model transformer-1b [-o REPORT.json]
                         [--mesh RxS] [--rank R]... [--step classes|all|first|none]
     shardcheck simulate --impl reference --world-size 16384 --mesh 128x128 --model llama3-405b
+    shardcheck simulate --impl torch-fsdp1 --world-size 1024 --model transformer-1b   # any adapter
+
+`reference` and `torch-fsdp2` are also checked parameter by parameter (shard shapes, padding, the
+collectives' groups: runner.py, which reads their layouts); every registered implementation, those two
+included with `--trainer`, runs through its own trainer, measured and judged like the family sharding
+(trainers.py).
 
 Exit code: 0 when every verdict cell passed, 1 when one failed, 2 on bad input.
 """
@@ -20,7 +26,12 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("simulate", help="check shard shapes, bytes per rank and collectives at a large "
                                         "world size, in one process (fake process group, meta tensors)")
-    p.add_argument("--impl", default="reference", help=f"implementation: {', '.join(SIMULATORS)} (default reference)")
+    p.add_argument("--impl", default="reference",
+                   help=f"any registered implementation (default reference); {', '.join(SIMULATORS)} are also "
+                        "checked parameter by parameter")
+    p.add_argument("--trainer", action="store_true",
+                   help="simulate through the implementation's trainer (the default for all but "
+                        f"{', '.join(SIMULATORS)}): memory by kind and traffic against FULL_SHARD's promise")
     p.add_argument("--world-size", type=int, required=True, help="simulated world size, e.g. 1024")
     p.add_argument("--mesh", metavar="RxS",
                    help="2-D (replicate, shard) mesh with R * S = world size, e.g. 128x128: HYBRID_SHARD "
@@ -36,14 +47,21 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from .runner import human_summary, simulate
+    from conformance.adapters import UnknownAdapter
 
+    from . import runner, trainers
+    from .impls import SIMULATORS
+
+    through_trainer = args.trainer or args.impl not in SIMULATORS
     try:
-        report = simulate(args.impl, args.world_size, args.model, args.ranks, args.step, args.mesh)
-    except ValueError as exc:
+        if through_trainer:
+            report = trainers.simulate(args.impl, args.world_size, args.model, args.ranks, args.mesh)
+        else:
+            report = runner.simulate(args.impl, args.world_size, args.model, args.ranks, args.step, args.mesh)
+    except (ValueError, ImportError, UnknownAdapter) as exc:
         print(f"shardcheck: {exc}", file=sys.stderr)
         return 2
-    print(human_summary(report))
+    print((trainers if through_trainer else runner).human_summary(report))
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)

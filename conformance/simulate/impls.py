@@ -17,7 +17,7 @@ from conformance import adapters
 from conformance.protocol import ShardSpec
 
 from . import expected as E
-from .comms import CollectiveCounter
+from conformance.measure.traffic import CollectiveCounter
 
 
 def _shard(name: str, model: nn.Module, device_type: str, mesh: E.Mesh) -> nn.Module:

@@ -14,7 +14,7 @@ FORMAT_VERSION = 2  # of the simulate report: its own format, not the conformanc
 # 2: target.mesh / strategy, classes, the every_rank_by_class cell, groups of each collective kind
 
 from . import verdicts
-from .expected import Mesh, expected_row, rank_classes, representative_ranks, units_of
+from .expected import Mesh, describe_ranks, expected_row, rank_classes, representative_ranks, units_of
 from .fake_group import fake_world
 from .impls import simulator
 from .presets import build
@@ -61,7 +61,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, step: 
                  verdicts.bytes_within_ceil_bound(measured, expected, rank)]
         collectives = expected_collectives = None
         if step:
-            collectives = sim.step(model).by_kind()
+            collectives = sim.step(model).by_kind(describe_ranks)
             expected_collectives = sim.expected(units, mesh, rank)
             cells.append(verdicts.collectives_per_step(collectives, expected_collectives, rank))
     fields = ("name", "shape", "local_shape", "padded_rows", "bytes", "storage_bytes")
@@ -139,7 +139,7 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
     }
 
 
-def _size(n: float) -> str:
+def size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -159,10 +159,10 @@ def human_summary(report: dict) -> str:
     for r in report["ranks"]:
         tot = r["totals"]
         empty = sum(1 for p in r["params"] if p["local_shape"] and p["local_shape"][0] == 0)
-        lines.append(f"  rank {r['rank']}: {tot['params']} params, holds {_size(tot['storage_bytes'])} "
-                     f"(bound {_size(tot['bound_bytes'])}), {empty} empty shards")
+        lines.append(f"  rank {r['rank']}: {tot['params']} params, holds {size(tot['storage_bytes'])} "
+                     f"(bound {size(tot['bound_bytes'])}), {empty} empty shards")
         for kind, v in (r["collectives"] or {}).items():
-            lines.append(f"    {kind}: {v['count']} calls, {_size(v['bytes'])}, in {'; '.join(v.get('groups', []))}")
+            lines.append(f"    {kind}: {v['count']} calls, {size(v['bytes'])}, in {'; '.join(v.get('groups', []))}")
     for c in report["cells"]:
         lines.append(f"  {c['outcome'].upper():6} {c['check']} [rank {c['rank']}]: {c['detail'][0]}")
         lines += [f"         {d}" for d in c["detail"][1:]]

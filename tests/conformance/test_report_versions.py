@@ -30,12 +30,16 @@ MESSAGE = ("rank 1: RuntimeError: no accelerator (object at 0x7fede8eacfe0) (3 o
            + "\n---------- rank 2 (consequence) ----------\nConnection closed by peer")
 
 
+FOOTPRINT = {"rank": 1, "strategy": "FULL_SHARD", "shard_size": 2, "replicas": 1, "parameter_bytes": 67600,
+             **{k: {"measured": 10, "unsharded": 20} for k in ("rest", "optimizer", "backward", "forward", "peak", "sent")}}
+
+
 def _cell(nodeid, impl="fsdp", outcome="passed", **fields):
     return {"nodeid": nodeid, "phase": "call", "outcome": outcome, "family": "clip_grad", "layer": "api",
             "check": nodeid.split("::")[-1].split("[")[0], "impl": impl, "world_size": 2,
             "params": {"world_size": 2, "strategy": "FULL_SHARD"}, "duration_s": 0.25, "message": "",
             "rank_outcomes": {"0": "passed", "1": "passed"}, "max_abs_err": None, "max_rel_err": None,
-            "tolerances": [], "expectation": None, "max_margin": None, **fields}
+            "tolerances": [], "expectation": None, "max_margin": None, "footprint": None, **fields}
 
 
 def test_trim_groups_ranks_that_said_the_same_and_keeps_the_frames_a_reader_needs():
@@ -74,13 +78,15 @@ def test_rows_give_back_the_cells():
               message="unsupported: no", rank_outcomes={}),
         _cell("d/test_g.py::test_plain", impl=None, params={}, world_size=None, max_rel_err="nan"),
         _cell("d/test_f.py::test_x[other-ws2-FULL_SHARD]", impl="other", outcome="error", phase="teardown"),
+        _cell("d/test_sharding.py::test_sharding[fsdp-ws2-FULL_SHARD]", footprint=FOOTPRINT),
     ]
     encoded = compact.encode(cells, IMPLS, texts.pieces)
     rows = encoded["cells"]
     assert rows[0] == [0, 0, "passed", 0.25, None, None, 2, 3.052e-05, 0.0, 0, None, None, 0.1235]
     assert rows[1][:3] == [0, 1, "xfailed"] and rows[1][6] == {"0,2": "failed", "1": "passed"}
     assert rows[2][-1] == "d/test_f.py::test_x[ws2-FULL_SHARD-fsdp]"  # not spelled [<impl id>-<case>]
-    assert len(encoded["cases"]) == 4 and encoded["cases"][0] == [0, "ws2-FULL_SHARD", 2, "FULL_SHARD"]
+    assert rows[5][-1] == FOOTPRINT  # the family sharding's figures, the last column (version 5)
+    assert len(encoded["cases"]) == 5 and encoded["cases"][0] == [0, "ws2-FULL_SHARD", 2, "FULL_SHARD"]
     report = {"implementations": IMPLS, **encoded}
     expected = copy.deepcopy(cells)
     expected[0]["max_abs_err"], expected[0]["max_margin"] = 3.052e-05, 0.1235  # to 4 significant digits
@@ -113,7 +119,7 @@ def test_writing_a_report_puts_a_row_on_a_line(tmp_path):
     report = _v3([_cell(f"d/test_f.py::test_x[fsdp-ws{n}-FULL_SHARD]") for n in range(1, 12)])
     reporting.write(report, tmp_path / "r.json")
     lines = (tmp_path / "r.json").read_text().splitlines()
-    assert lines[0] == "{" and lines[1] == '"schema_version": 4,' and ' [0,0,"passed",0.25,null,null,2],' in lines
+    assert lines[0] == "{" and lines[1] == '"schema_version": 5,' and ' [0,0,"passed",0.25,null,null,2],' in lines
     assert json.loads((tmp_path / "r.json").read_text()) == report
 
 
@@ -124,7 +130,7 @@ def test_the_committed_report_as_version_3_is_a_tenth_of_version_2_and_shows_the
 
     out = tmp_path / "cpu-gloo.json"
     assert cli.main(["report", "upgrade", str(COMMITTED), "-o", str(out)]) == 0
-    assert "written as version 4" in capsys.readouterr().out
+    assert "written as version 5" in capsys.readouterr().out
     old, new = reading.load(COMMITTED), reading.load(out)
     if old["schema_version"] < 3:
         assert out.stat().st_size <= COMMITTED.stat().st_size / 10

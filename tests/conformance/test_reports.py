@@ -59,16 +59,17 @@ def _report(cells, backends=("gloo",), day=1):
 
 
 def _write(tmp_path, name, report, version=1):
-    """`report` (version 1) written as `version`: 2 upgraded, 4 as the writer writes it, 3 as it did
-    (version 4 less the rows' last column, max_margin)."""
+    """`report` (version 1) written as `version`: 2 upgraded, 5 as the writer writes it, 4 and 3 as
+    they did (version 5 less the rows' last column, footprint; 3: less max_margin too)."""
     path = tmp_path / name
     if version >= 3:
         reporting.write(reporting.rewrite(reading.upgrade(report), None), path)
-        if version == 3:
-            v3 = json.loads(path.read_text())
-            v3["schema_version"], v3["cell_columns"] = 3, v3["cell_columns"][:-1]
-            v3["cells"] = [row[:12] for row in v3["cells"]]
-            path.write_text(json.dumps(v3))
+        if version < 5:
+            old = json.loads(path.read_text())
+            columns = 13 if version == 4 else 12
+            old["schema_version"], old["cell_columns"] = version, old["cell_columns"][:columns]
+            old["cells"] = [row[:columns] for row in old["cells"]]
+            path.write_text(json.dumps(old))
     else:
         path.write_text(json.dumps(reading.upgrade(report) if version == 2 else report))
     return str(path)
@@ -76,7 +77,7 @@ def _write(tmp_path, name, report, version=1):
 
 # ---- schema -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_schema_is_draft_2020_12_and_versioned(version):
     schema = json.loads(reading.SCHEMAS[version].read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -116,7 +117,7 @@ def _set(path, value):
     (_set(("target", "env", "AWS_SECRET_ACCESS_KEY"), "x"), "$.target.env"),
     (_set(("summary", "by_outcome", "passed"), "3"), "$.summary.by_outcome.passed"),
     (_set(("started",), KeyError), "$"),
-    (_set(("cells", 0), [0, 0, "passed", 0.1, None, None, 2, None, None, None, None, None, None, "surprise"]),
+    (_set(("cells", 0), [0, 0, "passed", 0.1, None, None, 2, None, None, None, None, None, None, None, "surprise"]),
      "$.cells[0]"),
     (_set(("full_text",), KeyError), "$"),
 ], ids=["bad-outcome", "short-row", "unlisted-env-variable", "count-not-int",
@@ -130,11 +131,11 @@ def test_a_mutated_report_fails_validation(real_report, mutate, where):
 
 
 def test_another_schema_version_is_one_clear_line(tmp_path, capsys):
-    path = _write(tmp_path, "v5.json", {**_report([]), "schema_version": 5})
+    path = _write(tmp_path, "v6.json", {**_report([]), "schema_version": 6})
     assert cli.main(["matrix", path]) == 2
     err = capsys.readouterr().err
-    assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 5; this shardcheck reads "
-                   "versions 1, 2, 3, 4\n")
+    assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 6; this shardcheck reads "
+                   "versions 1, 2, 3, 4, 5\n")
 
 
 def test_a_version_1_report_is_read_as_version_2(real_report):
@@ -145,7 +146,7 @@ def test_a_version_1_report_is_read_as_version_2(real_report):
     assert report["summary"]["by_impl"]["a"]["behaviour"] == {"collected": 1, "reached": 0, "passed": 0,
                                                              "coverage": 0.0, "conformance": None}
     assert matrix.validate(report) is None and matrix.validate(v1) is None
-    assert real_report["schema_version"] == 4
+    assert real_report["schema_version"] == 5
     assert {c["layer"] for c in reading.expand(real_report)["cells"]} == {"api"}
     assert real_report["summary"]["by_impl"]["reference"]["api"]["coverage"] == 100.0
 
@@ -183,7 +184,7 @@ def test_rates_leave_out_unsupported_and_skipped_and_count_xfailed_as_not_passed
     assert matrix.rate(counts["all", "torch-fsdp2"]) == 25.0
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_matrix_markdown_on_stdout(tmp_path, capsys, version):
     assert cli.main(["matrix", *_two_runs(tmp_path, version)]) == 0
     out = capsys.readouterr().out
@@ -348,7 +349,7 @@ def test_diff_buckets_every_change(tmp_path):
                        ("vanished", "test_gone", "passed", None)}
 
 
-@pytest.mark.parametrize("old_version, new_version", [(1, 1), (2, 3), (3, 4), (4, 2), (4, 4)])
+@pytest.mark.parametrize("old_version, new_version", [(1, 1), (2, 3), (3, 4), (4, 5), (5, 2), (5, 5)])
 def test_diff_exits_1_on_a_regression_and_prints_the_table(tmp_path, capsys, monkeypatch, old_version, new_version):
     monkeypatch.setenv("COLUMNS", "200")
     assert cli.main(["diff", *_old_new(tmp_path, old_version, new_version)]) == 1

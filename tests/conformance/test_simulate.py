@@ -100,7 +100,7 @@ def test_cli_writes_a_passing_report(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--model", "nope"], "unknown model preset 'nope'"),
     (["--impl", "nope"], "unknown implementation 'nope'"),
-    (["--impl", "ddp"], "no simulator for implementation 'ddp'"),
+    (["--impl", "ddp"], "ddp does not declare full_shard: nothing to simulate through its trainer"),
     (["--rank", "64"], "rank 64 is outside world size 64"),
     (["--mesh", "4x8"], "mesh 4x8 has 32 ranks, not the world size 64"),
     (["--mesh", "8by8"], "mesh must be REPLICATExSHARD"),

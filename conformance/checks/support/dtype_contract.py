@@ -2,7 +2,7 @@
 
 `Watch` installs the suite's own hooks on the user's modules (the objects the candidate was given,
 so they fire whatever the engine wraps them in) and logs the collectives of each phase
-(collective_log.py). With policy (param_dtype p, reduce_dtype q; q defaults to p, both to float32
+(conformance/measure/traffic.py). With policy (param_dtype p, reduce_dtype q; q defaults to p, both to float32
 without a policy) the facts must be:
 
 * forward: every floating parameter a module's forward sees, and every floating input it gets, is
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_leaves
 
-from conformance.checks.support.collective_log import CollectiveLog
+from conformance.measure.traffic import CollectiveCounter
 
 WIDE = (torch.float32, torch.float64)
 
@@ -88,9 +88,9 @@ class Watch:
         k = self.recipe.accumulation_steps
         self.place = f"step {step}" + (f" micro-batch {micro}" if phase == "forward_backward" and k > 1 else "") + \
             f" ({phase})"
-        with CollectiveLog() as log:
+        with CollectiveCounter() as log:
             yield
-        reductions = [c for c in log.seen if c.reduces_floats]
+        reductions = [c for c in log.calls if c.reduces_floats]
         after_eval = " after an eval forward" if self.evaluated else ""
         if phase == "eval":
             self.evaluated = True

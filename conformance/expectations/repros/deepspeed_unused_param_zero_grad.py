@@ -1,4 +1,4 @@
-"""F35: DeepSpeed ZeRO (stages 1-3) gives a parameter the loss never uses a ZERO gradient and steps it:
+"""F42: DeepSpeed ZeRO (stages 1-3) gives a parameter the loss never uses a ZERO gradient and steps it:
 its gradients live in flat fp32 partitions, so `safe_get_full_grad` returns zeros where unsharded
 training (and DDP with find_unused_parameters=True) has None, and the optimizer updates the whole
 partition: AdamW's weight decay moves a parameter that unsharded training leaves untouched.

@@ -1,4 +1,4 @@
-"""F34: FSDP1 NO_SHARD (use_orig_params=True) gives a parameter the loss never uses a ZERO gradient that
+"""F41: FSDP1 NO_SHARD (use_orig_params=True) gives a parameter the loss never uses a ZERO gradient that
 the optimizer sees, where unsharded training (and DDP with find_unused_parameters=True) leaves it
 None and FSDP1's sharded strategies leave it None too. The NO_SHARD flat gradient is the whole flat
 parameter's, and its views are handed to every original parameter. Torch's optimizers skip

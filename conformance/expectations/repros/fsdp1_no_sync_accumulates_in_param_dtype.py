@@ -1,4 +1,4 @@
-"""F33: FSDP1 `no_sync()` under MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32) accumulates
+"""F40: FSDP1 `no_sync()` under MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32) accumulates
 the micro-batches' unsharded gradients in bfloat16: the post-backward hook returns before its cast to
 the reduce dtype when gradients are not synced (torch/distributed/fsdp/_runtime_utils.py,
 `_post_backward_hook`: `if not state._sync_gradients: ... return` precedes
