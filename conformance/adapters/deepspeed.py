@@ -7,8 +7,9 @@ SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only optimizer state sharded), HYBRID_SHARD -
 (parameters gathered within the mesh's shard groups). Not declared: norm types other than 2 (its
 `gradient_clipping` is L2 only), loss scaling (only in its fp16 mode, never over float32 compute),
 fp16 (its master weights come from the cast model, FINDINGS F13). Accumulation is its own
-(`gradient_accumulation_steps`); gradients synced on the last micro-batch only (`no_sync`) and frozen
-parameters are not declared (not mapped yet).
+(`gradient_accumulation_steps`): ZeRO-1 (NO_SHARD) reduces at the boundary only, which is the
+recipe's sync on the last micro-batch; ZeRO-2/3 reduce every micro-batch, so that is unsupported there.
+Frozen parameters are not declared (not mapped yet).
 """
 
 from __future__ import annotations
@@ -99,11 +100,14 @@ class DeepSpeedAdapter:
     name = "deepspeed"
     version = importlib.metadata.version("deepspeed")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
-                              "mixed_precision_bf16", "grad_accumulation", "eval_forward", "unused_params"})
+                              "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward", "unused_params"})
 
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:
             pytest.skip("DeepSpeed needs one process per rank with LOCAL_RANK set (not thread mode)")
         if len(spec.strategies) > 1:
             raise Unsupported("one ZeRO stage per engine: no per-unit strategies")
+        if recipe.accumulation_steps > 1 and not recipe.sync_each_micro_batch and STAGES[spec.strategy] > 1:
+            raise Unsupported("no_sync: ZeRO-2/3 reduce each micro-batch's gradients into their partitions "
+                              "(only ZeRO-0/1 hold them until the accumulation boundary)")
         return DeepSpeedTrainer(deepspeed_runtime.load(), model, spec, recipe)
