@@ -64,6 +64,16 @@ def _margin(value):
     return min(float(f"{value:.4g}"), LARGEST) if value < LARGEST else LARGEST
 
 
+def _compact_footprint(value):
+    """A cell's footprint as the report keeps it: whole bytes, without the ratios (each is its
+    `measured` over its `unsharded` or `formula`)."""
+    if isinstance(value, dict):
+        return {k: _compact_footprint(v) for k, v in value.items() if k != "ratio"}
+    if isinstance(value, list):
+        return [_compact_footprint(v) for v in value]
+    return round(value) if isinstance(value, float) else value
+
+
 def _split(nodeid: str) -> tuple[str, str | None]:
     """`f.py::test_x[a-b]` -> (`f.py::test_x`, `a-b`); no brackets -> (nodeid, None)."""
     head, _, name = nodeid.rpartition("::")
@@ -135,7 +145,7 @@ def encode(cells: list[dict], implementations: list[dict], split=lambda text: [t
             "expectation": expectations.add(cell["expectation"]) if cell["expectation"] is not None else None,
             "nodeid": None if _join(test_id, impl_id, case_id) == cell["nodeid"] else cell["nodeid"],
             "max_margin": _margin(cell.get("max_margin")),
-            "footprint": cell.get("footprint"),
+            "footprint": _compact_footprint(cell.get("footprint")),
         }
         row = [None if c in DEFAULTS and values[c] == DEFAULTS[c] else values[c] for c in COLUMNS]
         while row[-1] is None:

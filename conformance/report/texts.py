@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 MESSAGE_LIMIT = 64 * 1024  # characters of a cell's message kept (head and tail): the stream's bound
-KNOWN_FAILURE_LIMIT = 1024  # an xfailed cell's headline and each block, in the report: its expectation says why
+KNOWN_FAILURE_LIMIT = 512  # an xfailed cell's headline and each block, in the report: its expectation says why
 SUITE = ("/conformance/checks/", "/conformance/adapters/")  # frames kept: the check's and the adapter's
 # pytest-xdist heads a worker's failure text with the worker and interpreter: `[gw1] linux -- Python 3.11.7 ...`
 WORKER_LINE = re.compile(r"\A\[gw\d+\] [^\n]* -- Python [^\n]*\n")
