@@ -64,7 +64,8 @@ def chart_svg(cells: dict[tuple[str, str], dict], image_format: str = "svg"):
 
     shares = table(cells)
     columns = sorted({column for by_impl in shares.values() for column in by_impl})
-    colors = {column: f"C{i % 10}" for i, column in enumerate(columns)}  # one colour per implementation
+    palette = matplotlib.colormaps["tab20"].colors
+    colors = {column: palette[i % len(palette)] for i, column in enumerate(columns)}  # one per implementation
     fig = Figure(figsize=(3.2 * max(1, len(shares)), 3.4), dpi=100)
     axes = fig.subplots(1, max(1, len(shares)), sharey=True, squeeze=False)[0]
     for ax, (strategy, by_impl) in zip(axes, shares.items()):
