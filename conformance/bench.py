@@ -107,6 +107,9 @@ class Sampler(threading.Thread):
                     category = parent_category(frame) if kind == "parent" else rank_category(frame)
                     if category:  # weighted by the time since the last sample (the GIL may delay us)
                         self.counts[f"{kind}:{category}"] += now - last
+            # let go of the frames before sleeping: a held frame keeps its locals (a rank's tensors)
+            # alive, which the family sharding would measure as memory the engine holds
+            frames = frame = None
             last = now
             if time.monotonic() - last_dump > 1.0:
                 self.dump()
