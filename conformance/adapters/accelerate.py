@@ -25,7 +25,7 @@ import os
 import torch
 
 from conformance.adapters import frontends
-from conformance.protocol import StepResult, Unsupported
+from conformance.protocol import StepResult, Unsupported, evaluation_loss
 
 try:
     from accelerate import Accelerator, PartialState
@@ -107,12 +107,7 @@ class AccelerateTrainer:
         return loss.detach()
 
     def evaluate(self, batch):
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                return self.recipe.loss_fn(self.model, batch).detach()
-        finally:
-            self.model.train()
+        return evaluation_loss(self.model, self.recipe.loss_fn, batch)
 
     def full_grads(self):
         return frontends.full_grads(self.model)

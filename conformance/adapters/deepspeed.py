@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conformance.adapters import deepspeed_runtime
-from conformance.protocol import StepResult, Unsupported
+from conformance.protocol import StepResult, Unsupported, evaluation_loss
 
 COMM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 3}
@@ -68,12 +68,7 @@ class DeepSpeedTrainer:
         return loss.detach()
 
     def evaluate(self, batch):
-        self.engine.eval()
-        try:
-            with torch.no_grad():
-                return self.recipe.loss_fn(self.engine, batch).detach()
-        finally:
-            self.engine.train()
+        return evaluation_loss(self.engine, self.recipe.loss_fn, batch)
 
     def full_grads(self):
         from deepspeed.utils import safe_get_full_grad

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from conformance.adapters import frontends
-from conformance.protocol import StepResult, Unsupported
+from conformance.protocol import StepResult, Unsupported, evaluation_loss
 
 try:
     from lightning.fabric import Fabric
@@ -100,12 +100,7 @@ class LightningTrainer:
         return loss.detach()
 
     def evaluate(self, batch):
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                return self.recipe.loss_fn(self.model, batch).detach()
-        finally:
-            self.model.train()
+        return evaluation_loss(self.model, self.recipe.loss_fn, batch)
 
     def full_grads(self):
         return frontends.full_grads(self.model._forward_module)  # the torch FSDP module Fabric wraps

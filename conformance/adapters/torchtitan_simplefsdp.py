@@ -21,7 +21,7 @@ import importlib.metadata
 import torch
 
 from conformance.adapters.dtensors import full_tensors
-from conformance.protocol import StepResult, Unsupported
+from conformance.protocol import StepResult, Unsupported, evaluation_loss
 
 try:
     from torchtitan.distributed.utils import clip_grad_norm_
@@ -73,12 +73,7 @@ class SimpleFSDPTrainer:
         return loss.detach()
 
     def evaluate(self, batch):
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                return self.recipe.loss_fn(self.model, batch).detach()
-        finally:
-            self.model.train()
+        return evaluation_loss(self.model, self.recipe.loss_fn, batch)
 
     def full_grads(self):
         return full_tensors({n: p.grad for n, p in self.model.named_parameters()})

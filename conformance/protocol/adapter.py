@@ -32,6 +32,18 @@ class StepResult:
     scale: float | None = None
 
 
+def evaluation_loss(model: nn.Module, loss_fn: Callable, batch: Any) -> torch.Tensor:
+    """An evaluation forward as users write it: `model.eval()`, no gradients, this rank's loss
+    (detached), and the model back in training mode. What `Trainer.evaluate` does for an engine
+    whose module is the model users call."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return loss_fn(model, batch).detach()
+    finally:
+        model.train()
+
+
 @runtime_checkable
 class Trainer(Protocol):
     """The candidate's training loop for one model. Collective methods run on every rank."""

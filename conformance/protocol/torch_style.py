@@ -22,7 +22,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from conformance.protocol.adapter import StepResult
+from conformance.protocol.adapter import StepResult, evaluation_loss
 from conformance.protocol.outcomes import Unsupported
 from conformance.protocol.spec import Recipe, ShardSpec
 
@@ -53,12 +53,7 @@ class TorchStyleTrainer:
 
     def evaluate(self, batch) -> torch.Tensor:
         """The loss in eval mode without gradients; the model is put back in training mode."""
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                return self.recipe.loss_fn(self.model, batch).detach()
-        finally:
-            self.model.train()
+        return evaluation_loss(self.model, self.recipe.loss_fn, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         grads = self.adapter.full_grads(self.model)
