@@ -29,6 +29,7 @@ from conformance.protocol.capabilities import of_strategy
 from .expected import Mesh
 from .fake_group import fake_world
 from .presets import build
+from .runner import max_rss_mib, size
 
 
 class _Rank:
@@ -100,8 +101,6 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
         measured = footprint.measure(_Rank(rank), lambda: build(model_name, "cpu"),
                                      lambda model, recipe: adapter.trainer(model, spec, recipe), RECIPE, [tokens])
     failures, figures = promises.judge(strategy, shape2d.shard, shape2d.replicate, measured, unsharded_figures(p))
-    from .runner import max_rss_mib
-
     return {"rank": rank, "failures": failures, "figures": figures,
             "seconds": round(time.perf_counter() - started, 1), "max_rss_mib": round(max_rss_mib(), 1)}
 
@@ -111,8 +110,6 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
     """Simulate `ranks` (default the first and the last) of `impl`'s FULL_SHARD trainer (HYBRID_SHARD
     on the 2-D `mesh` "RxS"): a report shaped like runner.simulate's (target, ranks, cells, summary,
     resources)."""
-    from .runner import max_rss_mib
-
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")
     shape2d = Mesh.parse(mesh, world_size)  # a bad mesh, name or a replicating engine fails first
@@ -169,8 +166,6 @@ def human_summary(report: dict) -> str:
     lines = [f"simulate {t['implementation']} / {t['model']} at world size {t['world_size']}, {t['strategy']} "
              f"through its trainer (ranks {', '.join(map(str, t['ranks']))}; fake group, CPU tensors)",
              f"  coverage: {report['coverage']}"]
-    from .runner import size
-
     for r in report["ranks"]:
         by_kind = r["figures"]["rest"]["by_kind"]
         lines.append(f"  rank {r['rank']} ({r['seconds']} s): holds " + ", ".join(
