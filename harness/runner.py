@@ -73,7 +73,7 @@ def prepare(world_size: int, backend: str, devices: list[str] | None = None) -> 
 def _run_on_pool(task: Task, world_size: int, backend: str, timeout: float,
                  devices: list[str] | None) -> list[RankResult]:
     """Run on the cached pool; if a rank is found to have died while idle, blame the test before
-    (recorded) and run this one on fresh ranks (no body ran: the ranks meet in a barrier first)."""
+    (recorded) and run this one on fresh ranks (no body ran: the ranks meet at the pool's gate first)."""
     try:
         return _pool(world_size, backend, devices).run(task, timeout)
     except RankDiedIdle as exc:

@@ -70,8 +70,9 @@ def launcher_env(rank: int, world_size: int) -> dict[str, str]:
 
 def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, owner_pid: int,
               stack_path: str, pg_timeout_s: float, mode: str = "pool",
-              visible_devices: str | None = None, state=None) -> None:
-    """`state`: the pool's shared array; this rank's slot is +n while it runs test n, -n after."""
+              visible_devices: str | None = None, *, state, gate) -> None:
+    """`state`: the pool's shared array; this rank's slot is +n while it runs test n, -n after.
+    `gate`: the pool's barrier, where every rank waits for the others before each body."""
     if visible_devices is not None:  # the leased devices, before anything initialises CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     os.environ.update(launcher_env(rank, world_size))
@@ -128,18 +129,16 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
             break
         if task is None:
             break
-        if state is not None:
-            state[rank] = task.seq
+        state[rank] = task.seq
         reset_process_state(task.seed)
         ctx = RankContext(rank=rank, world_size=world_size, backend=backend, device=device,
                           mode=mode, _meshes=meshes)
-        dist.barrier()  # every rank is alive and between tests before the body starts
+        gate.wait()  # every rank is alive and between tests before the body starts
         result = execute(task, ctx)
         settle(result, before, ledger)
         sys.stdout.flush()
         sys.stderr.flush()
-        if state is not None:
-            state[rank] = -task.seq  # idle from here on: a death now belongs to this test
+        state[rank] = -task.seq  # idle from here on: a death now belongs to this test
         conn.send(result)
         settings.restore()  # for the next test, while the parent reads this one's verdict
     try:

@@ -195,3 +195,17 @@ def test_runs_on_fresh_ranks_after_an_idle_death(ctx):
     t = torch.ones(1)
     dist.all_reduce(t)
     assert t.item() == 2.0
+
+
+@distributed(world_size=2)
+def test_starts_on_no_rank_beside_one_that_died_idle(ctx):
+    # Rank 1 of the pool is killed as this test is handed out (test_faults.DEATH_AT_HAND_OUT): its
+    # live peer must wait at the gate, not run the body; the test then runs on fresh ranks. So this
+    # body's file holds the lines of one run only.
+    runs = os.path.join(os.path.dirname(__file__), "body_starts.txt")
+    with open(runs, "a") as f:
+        f.write(f"rank {ctx.rank} pid {os.getpid()}\n")
+    dist.barrier()
+    with open(runs) as f:
+        lines = f.read().splitlines()
+    assert len(lines) == ctx.world_size, f"the body started {len(lines)} times: {lines}"

@@ -26,6 +26,24 @@ def _slow_rank_main(*args, **kwargs):
 harness.pool.rank_main = _slow_rank_main
 """
 
+# A rank that dies as the next test is handed out, after the pool was found usable: stopped before
+# it takes the task, killed 0.5 s later (the race the pool's gate covers: see RankDiedIdle)
+DEATH_AT_HAND_OUT = """
+import os
+import signal
+import threading
+import harness.pool
+_run = harness.pool.RankPool.run
+_killed = []
+def _run_after_a_death(self, task, timeout):
+    if "beside_one_that_died_idle" in task.test_id and not _killed:
+        _killed.append(self.procs[1].pid)
+        os.kill(self.procs[1].pid, signal.SIGSTOP)
+        threading.Timer(0.5, os.kill, (self.procs[1].pid, signal.SIGKILL)).start()
+    return _run(self, task, timeout)
+harness.pool.RankPool.run = _run_after_a_death
+"""
+
 
 @pytest.fixture(scope="module")
 def pool_run(tmp_path_factory):
@@ -128,6 +146,15 @@ def test_3_a_rank_dying_while_idle_is_blamed_on_its_last_test(pool_run):
     assert "rank 1 of the gloo pool (world size 2) was killed by signal SIGTERM while idle, after test " \
            "test_bodies.py::test_rank1_dies_just_after_returning[ws2] had passed" in rec["text"]
     assert outcome(pool_run, "test_runs_on_fresh_ranks_after_an_idle_death[ws2]")["outcome"] == "passed"
+
+
+def test_3_no_body_starts_beside_a_rank_that_died_while_idle(tmp_path):
+    code, out, records = child_session(tmp_path, "-k", "beside_one_that_died_idle",
+                                       conftest=DEATH_AT_HAND_OUT)
+    rec = records["test_starts_on_no_rank_beside_one_that_died_idle[ws2]"]
+    assert rec["outcome"] == "passed", rec["text"]  # once, on fresh ranks
+    assert "rank 1 of the gloo pool (world size 2) was killed by signal SIGKILL while idle, before " \
+           "its first test" in out, out[-3000:]
 
 
 def test_3_a_run_never_ends_green_with_an_unreported_rank_death(tmp_path):
