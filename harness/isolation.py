@@ -167,23 +167,26 @@ def _children() -> set[int]:
         return set()
 
 
-class WatchedModule(types.ModuleType):
-    """A watched module's class (WATCHED_MODULES): it notes each attribute assigned from outside the
-    module (a monkeypatch: `setattr`, `mock.patch`), so that finding one left behind costs nothing
-    per test. The module's own global assignments do not pass here, and need not."""
+_UNSET = object()
 
-    assigned: set[tuple[str, str]] = set()  # (module, attribute) assigned since the last look
+
+class WatchedModule(types.ModuleType):
+    """A watched module's class (WATCHED_MODULES): it keeps, for each attribute assigned from outside
+    the module (a monkeypatch: `setattr`, `mock.patch`), the object it was bound to before the first
+    such assignment since the baseline (`Baseline.take`), so that finding one left behind costs
+    nothing per test. The module's own global assignments do not pass here, and need not."""
+
+    originals: dict[tuple[str, str], Any] = {}  # (module, attribute) -> its object at the baseline
 
     def __setattr__(self, attr, value):
-        WatchedModule.assigned.add((self.__name__, attr))
+        WatchedModule.originals.setdefault((self.__name__, attr), vars(self).get(attr, _UNSET))
         super().__setattr__(attr, value)
 
 
-def _watch(module) -> dict:
-    """Watch `module` (its class becomes WatchedModule); {name: object} of its public callables now."""
+def _watch(module) -> None:
+    """Watch `module`: its class becomes WatchedModule (once)."""
     if type(module) is types.ModuleType:
         module.__class__ = WatchedModule
-    return {n: v for n, v in vars(module).items() if not n.startswith("_") and callable(v)}
 
 
 @dataclass
@@ -197,21 +200,23 @@ class Baseline:
     children: set[int] = field(default_factory=set)
     default_group: Any = None
     lowest_free: int = -1
-    namespaces: dict[str, dict] = field(default_factory=dict)  # WATCHED_MODULES' public callables (`_watch`)
 
     @classmethod
     def take(cls) -> "Baseline":
         held = {fd for fd in _descriptors() if _is_open(fd)}
+        for name in WATCHED_MODULES:
+            if name in sys.modules:
+                _watch(sys.modules[name])
+        WatchedModule.originals.clear()  # what the modules hold now is the baseline
         return cls(set(threading.enumerate()), held, _children(),
-                   dist.group.WORLD if dist.is_initialized() else None, _lowest_free(held),
-                   {name: _watch(sys.modules[name]) for name in WATCHED_MODULES if name in sys.modules})
+                   dist.group.WORLD if dist.is_initialized() else None, _lowest_free(held))
 
-    def replaced(self) -> list[str]:
-        """The public functions and classes of WATCHED_MODULES assigned since and bound to another
-        object now (a monkeypatch left behind; one undone within the test is not)."""
-        assigned, WatchedModule.assigned = WatchedModule.assigned, set()
-        return sorted(f"{name}.{attr}" for name, attr in assigned if attr in self.namespaces.get(name, {})
-                      and vars(sys.modules[name]).get(attr) is not self.namespaces[name][attr])
+    @staticmethod
+    def replaced() -> list[str]:
+        """The public functions and classes of WATCHED_MODULES bound to another object now than at
+        the baseline (a monkeypatch left behind; one undone within the test is not)."""
+        return sorted(f"{name}.{attr}" for (name, attr), was in WatchedModule.originals.items()
+                      if not attr.startswith("_") and callable(was) and vars(sys.modules[name]).get(attr) is not was)
 
     def new_files(self) -> dict[int, str]:
         """{fd: path} of the regular files opened since. A descriptor opened and left open takes the
