@@ -1,25 +1,18 @@
 """Reports: the JSON schema holds for what the writer emits, `shardcheck matrix` renders merged
-reports as Markdown and HTML (checked in a real headless browser where chromium is installed), and
-`shardcheck diff` finds regressions."""
+reports as Markdown (the HTML page: test_report_html.py), and `shardcheck diff` finds regressions."""
 
-import base64
 import copy
 import json
-import shutil
-import subprocess
-from html.parser import HTMLParser
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+import report_samples as samples
 import warm_python
-
 from conformance.cli import main as cli
 from conformance.protocol.outcomes import OUTCOMES
 from conformance.report import coverage, diff, matrix, reading
-from conformance.report.page import html_page
-from conformance.report import writer as reporting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,46 +26,6 @@ def real_report(tmp_path_factory):
                            cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())
-
-
-def _cell(impl, check, outcome, family="clip_grad", params="ws2-FULL_SHARD", message=""):
-    return {"nodeid": f"conformance/checks/test_{family}.py::{check}[{impl}-{params}]", "phase": "call",
-            "outcome": outcome, "family": family, "check": check, "impl": impl, "world_size": 2,
-            "params": {"world_size": 2}, "duration_s": 0.01, "message": message,
-            "rank_outcomes": {"0": "passed", "1": "passed"}, "max_abs_err": 0.0, "max_rel_err": None,
-            "tolerances": [[1.3e-06, 1e-05]], "expectation": None}
-
-
-def _report(cells, backends=("gloo",), day=1):
-    """A small hand-made report, schema-valid (test_hand_made_reports_are_valid checks it), run on
-    January `day`."""
-    impls = sorted({c["impl"] for c in cells})
-    return {"schema_version": 1, "suite": {"name": "shardcheck", "version": "0.1.0", "git_revision": None},
-            "started": f"2026-01-{day:02d}T00:00:00+00:00", "finished": f"2026-01-{day:02d}T00:00:01+00:00",
-            "duration_s": 1.0, "complete": True, "exit_status": 0,
-            "implementations": [{"name": i, "selected_as": i, "version": "1", "adapter": "m:A",
-                                 "capabilities": []} for i in impls],
-            "target": {"backends": list(backends), "device_type": "cpu", "device_model": "x86_64",
-                       "world_sizes": "all", "torch": "2.13.0+cpu", "cuda": None, "nccl": None,
-                       "python": "3.11.7", "platform": "Linux", "env": {}},
-            "summary": {"by_outcome": {}, "by_family": {}}, "cells": cells}
-
-
-def _write(tmp_path, name, report, version=1):
-    """`report` (version 1) written as `version`: 2 upgraded, 5 as the writer writes it, 4 and 3 as
-    they did (version 5 less the rows' last column, footprint; 3: less max_margin too)."""
-    path = tmp_path / name
-    if version >= 3:
-        reporting.write(reporting.rewrite(reading.upgrade(report), None), path)
-        if version < 5:
-            old = json.loads(path.read_text())
-            columns = 13 if version == 4 else 12
-            old["schema_version"], old["cell_columns"] = version, old["cell_columns"][:columns]
-            old["cells"] = [row[:columns] for row in old["cells"]]
-            path.write_text(json.dumps(old))
-    else:
-        path.write_text(json.dumps(reading.upgrade(report) if version == 2 else report))
-    return str(path)
 
 
 # ---- schema -----------------------------------------------------------------------------------
@@ -96,7 +49,7 @@ def test_a_real_report_validates(real_report):
 
 
 def test_hand_made_reports_are_valid():
-    assert matrix.validate(_report([_cell("a", "test_x", o) for o in OUTCOMES])) is None
+    assert matrix.validate(samples.report([samples.cell("a", "test_x", o) for o in OUTCOMES])) is None
 
 
 def _set(path, value):
@@ -131,7 +84,7 @@ def test_a_mutated_report_fails_validation(real_report, mutate, where):
 
 
 def test_another_schema_version_is_one_clear_line(tmp_path, capsys):
-    path = _write(tmp_path, "v6.json", {**_report([]), "schema_version": 6})
+    path = samples.write(tmp_path, "v6.json", {**samples.report([]), "schema_version": 6})
     assert cli.main(["matrix", path]) == 2
     err = capsys.readouterr().err
     assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 6; this shardcheck reads "
@@ -139,7 +92,7 @@ def test_another_schema_version_is_one_clear_line(tmp_path, capsys):
 
 
 def test_a_version_1_report_is_read_as_version_2(real_report):
-    v1 = _report([_cell("a", "test_x", "passed"), _cell("a", "test_y", "unsupported", family="train_parity")])
+    v1 = samples.report([samples.cell("a", "test_x", "passed"), samples.cell("a", "test_y", "unsupported", family="train_parity")])
     report = reading.upgrade(v1)
     assert report["schema_version"] == 2 and v1["schema_version"] == 1  # a copy
     assert [c["layer"] for c in report["cells"]] == ["api", "behaviour"]
@@ -162,20 +115,8 @@ def test_unreadable_or_invalid_input_is_one_clear_line(tmp_path, capsys):
 
 # ---- matrix -----------------------------------------------------------------------------------
 
-def _two_runs(tmp_path, version=1):
-    ref = _report([_cell("reference", f"test_c{i}", "passed") for i in range(4)]
-                  + [_cell("reference", "test_h", "passed", family="comm_hooks")])
-    fsdp = _report([_cell("torch-fsdp2", "test_c0", "passed"), _cell("torch-fsdp2", "test_c1", "xfailed"),
-                    _cell("torch-fsdp2", "test_c2", "unsupported"), _cell("torch-fsdp2", "test_c3", "skipped"),
-                    _cell("torch-fsdp2", "test_h", "failed", family="comm_hooks",
-                          message="def test_h(ctx):\n>   assert_close(...)\n"
-                                  "E   AssertionError: grads: 2 mismatch(es)\nE   more"),
-                    _cell("torch-fsdp2", "test_h2", "error", family="comm_hooks", message="rank 1 died: SIGSEGV")])
-    return _write(tmp_path, "ref.json", ref, version), _write(tmp_path, "fsdp.json", fsdp, version)
-
-
 def test_rates_leave_out_unsupported_and_skipped_and_count_xfailed_as_not_passed(tmp_path):
-    reports = [matrix.load(p) for p in _two_runs(tmp_path)]
+    reports = [matrix.load(p) for p in samples.two_runs(tmp_path)]
     families, columns, counts = matrix.tabulate(matrix.merge(reports))
     assert families == ["clip_grad", "comm_hooks", "all"] and columns == ["reference", "torch-fsdp2"]
     assert matrix.rate(counts["clip_grad", "reference"]) == 100.0
@@ -186,7 +127,7 @@ def test_rates_leave_out_unsupported_and_skipped_and_count_xfailed_as_not_passed
 
 @pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_matrix_markdown_on_stdout(tmp_path, capsys, version):
-    assert cli.main(["matrix", *_two_runs(tmp_path, version)]) == 0
+    assert cli.main(["matrix", *samples.two_runs(tmp_path, version)]) == 0
     out = capsys.readouterr().out
     assert "| family | reference | torch-fsdp2 |" in out
     assert "| reference | api | **100.0% (5/5)** | 100.0% (5/5) | 5 passed |" in out
@@ -202,9 +143,9 @@ def test_matrix_markdown_on_stdout(tmp_path, capsys, version):
 
 
 def test_same_impl_on_two_backends_gets_two_columns_and_a_rerun_replaces_a_cell(tmp_path):
-    gloo = _report([_cell("reference", "test_c0", "failed")])
-    gloo_rerun = _report([_cell("reference", "test_c0", "passed")], day=2)
-    threaded = _report([_cell("reference", "test_c0", "passed")], backends=("threaded",))
+    gloo = samples.report([samples.cell("reference", "test_c0", "failed")])
+    gloo_rerun = samples.report([samples.cell("reference", "test_c0", "passed")], day=2)
+    threaded = samples.report([samples.cell("reference", "test_c0", "passed")], backends=("threaded",))
     cells = matrix.merge([gloo_rerun, gloo, threaded])
     assert {k: c["outcome"] for k, c in cells.items()} == {
         ("reference (gloo)", "test_clip_grad.py::test_c0[ws2-FULL_SHARD]"): "passed",
@@ -212,10 +153,10 @@ def test_same_impl_on_two_backends_gets_two_columns_and_a_rerun_replaces_a_cell(
 
 
 def test_merge_a_verdict_beats_no_verdict_then_the_newer_run_whatever_the_order(tmp_path, capsys):
-    old = _report([_cell("reference", "test_c0", "passed"), _cell("reference", "test_c1", "failed"),
-                   _cell("reference", "test_c2", "skipped")], day=1)
-    new = _report([_cell("reference", "test_c0", "skipped"), _cell("reference", "test_c1", "passed"),
-                   _cell("reference", "test_c2", "unsupported")], day=2)
+    old = samples.report([samples.cell("reference", "test_c0", "passed"), samples.cell("reference", "test_c1", "failed"),
+                   samples.cell("reference", "test_c2", "skipped")], day=1)
+    new = samples.report([samples.cell("reference", "test_c0", "skipped"), samples.cell("reference", "test_c1", "passed"),
+                   samples.cell("reference", "test_c2", "unsupported")], day=2)
     want = {"test_c0": "passed", "test_c1": "passed", "test_c2": "unsupported"}
     for order in ([old, new], [new, old]):
         conflicts = []
@@ -225,7 +166,7 @@ def test_merge_a_verdict_beats_no_verdict_then_the_newer_run_whatever_the_order(
                       for _, cid, kept, _, dropped, _ in conflicts) == [
             ("test_c0", "passed", "skipped"), ("test_c1", "passed", "failed"),
             ("test_c2", "unsupported", "skipped")]
-    a, b = _write(tmp_path, "a.json", old), _write(tmp_path, "b.json", new)
+    a, b = samples.write(tmp_path, "a.json", old), samples.write(tmp_path, "b.json", new)
     printed = []
     for args in ([a, b], [b, a]):
         assert cli.main(["matrix", *args]) == 0
@@ -248,94 +189,21 @@ def test_the_failure_message_under_xdist_is_the_failures_not_the_workers_line():
     ("d/test_f.py::test_plain", "myimpl", "test_f.py::test_plain"),
 ])
 def test_cell_id_drops_the_implementation_like_the_manifests(nodeid, selected_as, expected):
-    report = _report([])
+    report = samples.report([])
     report["implementations"] = [{"name": "fake", "selected_as": selected_as}]
     assert matrix.cell_id(report, {"nodeid": nodeid, "impl": "fake"}) == expected
-
-
-class _Page(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.tags, self.images = [], []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-        if tag == "img":
-            self.images.append(dict(attrs))
-
-
-def test_the_grid_marks_every_cell_and_the_trend_follows_runs_in_time(tmp_path):
-    old = _report([_cell("a", "test_c0", "failed", message="E   AssertionError: step 0 loss"),
-                   _cell("a", "test_c1", "passed")], day=1)
-    new = _report([_cell("a", "test_c0", "passed"), _cell("a", "test_c1", "unsupported",
-                                                           message="a does not declare full_shard")], day=2)
-    text = html_page([reading.upgrade(new), reading.upgrade(old)])
-    grid = text[text.index('<table class="grid">'):]
-    assert grid.count("<tr><th><code>") == 2
-    # c0: the newer run's pass over the older failure; c1: the older pass over the newer unsupported
-    assert grid.split("</table>")[0].count('title="a: passed">✓</td>') == 2
-    trend = text[text.index('<table class="trend">'):].split("</table>")[0]
-    assert trend.index("2026-01-01") < trend.index("2026-01-02")  # oldest first, whatever the order given
-    assert "<b>50.0%</b> of 100.0% reached" in trend and "<b>100.0%</b> of 50.0% reached" in trend
-
-
-def test_margin_strips_show_each_implementation_and_dtype_worst_first_in_red():
-    cells = [_cell("a", f"test_c{i}", "passed") for i in range(3)] + [_cell("b", "test_c0", "failed")]
-    for cell, margin, tolerance in zip(cells, (0.5, 2.0, None, 0.01), ([1.3e-06, 1e-05], [1e-3, 1e-5]) * 2):
-        cell["max_margin"], cell["tolerances"] = margin, [tolerance]
-    text = html_page([reading.upgrade(_report(cells))])
-    strips = text[text.index('<table class="strips">'):].split("</table>")[0]
-    rows = [row.split("</th>")[0].rsplit(">", 1)[-1] + " " + row.split("<td>")[1].split("<")[0]
-            for row in strips.split("<tr>")[2:]]
-    assert rows == ["a float16", "a float32", "b float16"]  # c2 compared nothing: no bar
-    assert '<td class="low">2</td>' in strips and 'fill="#c33"><title>test_clip_grad.py::test_c1' in strips
-
-
-def test_matrix_html_is_self_contained_with_table_and_chart(tmp_path):
-    out = tmp_path / "m" / "matrix.html"
-    assert cli.main(["matrix", *_two_runs(tmp_path), "--html", str(out)]) == 0
-    page = _Page()
-    page.feed(out.read_text())
-    # impls, families, the cell grid of each family (clip_grad), the trend, failing; inline CSS
-    assert page.tags.count("table") == 5 and "style" in page.tags
-    assert "link" not in page.tags and "script" not in page.tags  # nothing fetched
-    [img] = page.images
-    assert img["src"].startswith("data:image/png;base64,")
-    assert base64.b64decode(img["src"].split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
-    assert "AssertionError: grads: 2 mismatch(es)" in out.read_text()
-
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_matrix_html_renders_in_a_headless_browser(tmp_path):
-    page = tmp_path / "matrix.html"
-    assert cli.main(["matrix", *_two_runs(tmp_path), "--html", str(page)]) == 0
-    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run",
-               f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,900"]
-    dom = subprocess.run(browser + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60)
-    assert "<table class=\"matrix\">" in dom.stdout and "data:image/png;base64," in dom.stdout, dom.stderr
-    shot = tmp_path / "shot.png"
-    subprocess.run(browser + [f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60)
-    import matplotlib.image
-
-    pixels = matplotlib.image.imread(shot)
-    assert pixels.shape[:2] == (900, 1200)
-    assert len({tuple(p) for p in pixels[::7, ::7].reshape(-1, pixels.shape[2]).tolist()}) > 20  # not blank
 
 
 # ---- diff -------------------------------------------------------------------------------------
 
 def _old_new(tmp_path, old_version=1, new_version=1):
-    old = _report([_cell("a", "test_keep", "passed"), _cell("a", "test_breaks", "passed"),
-                   _cell("a", "test_known", "xfailed"), _cell("a", "test_fixed", "failed"),
-                   _cell("a", "test_dropped_cap", "passed"), _cell("a", "test_gone", "passed")])
-    new = _report([_cell("a", "test_keep", "passed"), _cell("a", "test_breaks", "failed", message="E   boom"),
-                   _cell("a", "test_known", "error", message="rank 0 hung"), _cell("a", "test_fixed", "passed"),
-                   _cell("a", "test_dropped_cap", "unsupported"), _cell("a", "test_new", "failed")])
-    return _write(tmp_path, "old.json", old, old_version), _write(tmp_path, "new.json", new, new_version)
+    old = samples.report([samples.cell("a", "test_keep", "passed"), samples.cell("a", "test_breaks", "passed"),
+                   samples.cell("a", "test_known", "xfailed"), samples.cell("a", "test_fixed", "failed"),
+                   samples.cell("a", "test_dropped_cap", "passed"), samples.cell("a", "test_gone", "passed")])
+    new = samples.report([samples.cell("a", "test_keep", "passed"), samples.cell("a", "test_breaks", "failed", message="E   boom"),
+                   samples.cell("a", "test_known", "error", message="rank 0 hung"), samples.cell("a", "test_fixed", "passed"),
+                   samples.cell("a", "test_dropped_cap", "unsupported"), samples.cell("a", "test_new", "failed")])
+    return samples.write(tmp_path, "old.json", old, old_version), samples.write(tmp_path, "new.json", new, new_version)
 
 
 def test_diff_buckets_every_change(tmp_path):
@@ -359,8 +227,8 @@ def test_diff_exits_1_on_a_regression_and_prints_the_table(tmp_path, capsys, mon
 
 
 def test_diff_exits_0_without_regression(tmp_path, capsys):
-    old = _write(tmp_path, "old.json", _report([_cell("a", "test_x", "failed"), _cell("a", "test_y", "passed")]))
-    new = _write(tmp_path, "new.json", _report([_cell("a", "test_x", "passed"), _cell("a", "test_z", "failed")]))
+    old = samples.write(tmp_path, "old.json", samples.report([samples.cell("a", "test_x", "failed"), samples.cell("a", "test_y", "passed")]))
+    new = samples.write(tmp_path, "new.json", samples.report([samples.cell("a", "test_x", "passed"), samples.cell("a", "test_z", "failed")]))
     assert cli.main(["diff", old, new]) == 0
     assert capsys.readouterr().out.rstrip().endswith("0 regressed, 1 fixed, 0 changed, 1 appeared, 1 vanished")
     assert cli.main(["diff", old, old]) == 0
@@ -370,17 +238,17 @@ def test_diff_exits_0_without_regression(tmp_path, capsys):
 
 def _thin_and_known(tmp_path):
     """ddp reached 6 of 354 cells (all passed); fsdp2 has two findings' xfails and a behaviour layer."""
-    ddp = [_cell("ddp", f"test_t{i}", "passed", family="train_parity") for i in range(6)]
-    ddp += [_cell("ddp", f"test_c{i}", "unsupported") for i in range(348)]
-    fsdp = [_cell("torch-fsdp2", "test_t0", "passed", family="train_parity")]
+    ddp = [samples.cell("ddp", f"test_t{i}", "passed", family="train_parity") for i in range(6)]
+    ddp += [samples.cell("ddp", f"test_c{i}", "unsupported") for i in range(348)]
+    fsdp = [samples.cell("torch-fsdp2", "test_t0", "passed", family="train_parity")]
     for i, (finding, repro) in enumerate([("F9", "conformance/expectations/repros/a.py"),
                                           ("F9", "conformance/expectations/repros/a.py"),
                                           ("F10", "conformance/expectations/repros/b.py")]):
-        cell = _cell("torch-fsdp2", f"test_k{i}", "xfailed", message="E   known")
+        cell = samples.cell("torch-fsdp2", f"test_k{i}", "xfailed", message="E   known")
         cell["expectation"] = {"reason": f"why {finding}", "repro": repro, "finding": finding}
         fsdp.append(cell)
-    flat = [_cell("torch-fsdp1[flat]", "test_c0", "passed")]
-    return _write(tmp_path, "thin.json", _report(ddp + fsdp + flat))
+    flat = [samples.cell("torch-fsdp1[flat]", "test_c0", "passed")]
+    return samples.write(tmp_path, "thin.json", samples.report(ddp + fsdp + flat))
 
 
 def test_matrix_rows_are_implementation_x_layer_with_coverage_beside_conformance(tmp_path, capsys):
