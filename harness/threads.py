@@ -10,6 +10,8 @@ thread (it dies with the process, and the next test gets a fresh threaded world)
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
 import threading
 import time
@@ -31,6 +33,54 @@ def _threaded_pg():
     from torch.testing._internal.distributed import multi_threaded_pg  # noqa: the isolated import
 
     return multi_threaded_pg
+
+
+# The threaded group's collectives are Python methods of its backend, never a dispatcher op: a
+# dispatch mode sees none of them. These methods are tapped instead (`tap_collectives`).
+TAPPED = ("allreduce", "allreduce_coalesced", "allgather", "broadcast", "reduce_scatter", "alltoall",
+          "alltoall_base", "scatter", "gather", "barrier")
+_taps = threading.local()  # per thread: .callbacks (this thread's), .depth (inside a tapped method)
+_TAP_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def tap_collectives(callback):
+    """While the block runs on this thread, call `callback(method, args, backend)` as each collective
+    this thread issues on a threaded process group starts: `method` is the backend's (allreduce,
+    allgather, reduce_scatter, broadcast, ...), `args` its arguments (lists of tensors). A barrier,
+    and a method called by another (all_gather_single calls allgather), are not reported."""
+    _install_taps(_threaded_pg().ProcessLocalGroup)
+    callbacks = _taps.__dict__.setdefault("callbacks", [])
+    callbacks.append(callback)
+    try:
+        yield
+    finally:
+        callbacks.remove(callback)
+
+
+def _install_taps(backend: type) -> None:
+    with _TAP_LOCK:
+        if backend.__dict__.get("_shardcheck_tapped"):
+            return
+        for name in TAPPED:
+            if name in backend.__dict__:
+                setattr(backend, name, _tapped(name, backend.__dict__[name]))
+        backend._shardcheck_tapped = True
+
+
+def _tapped(name: str, method):
+    @functools.wraps(method)
+    def collective(self, *args, **kwargs):
+        depth = getattr(_taps, "depth", 0)
+        if depth == 0 and name != "barrier":
+            for callback in getattr(_taps, "callbacks", ()):
+                callback(name, args, self)
+        _taps.depth = depth + 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _taps.depth = depth
+    return collective
 
 
 # Rank threads hand the GIL over at every collective: a rank woken by the last arrival waits for the

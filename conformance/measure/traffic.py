@@ -16,6 +16,12 @@ bytes one rank sends for it in a ring over a group of ``n`` ranks (``sent``):
 
 The group of a call is read from its process-group operand (c10d ops) or group name (functional
 ops), as its global ranks, so a collective in the wrong mesh dimension shows.
+
+On the threaded backend (harness thread mode) the process group is Python: its collectives pass no
+dispatcher op, so the counter is no dispatch mode there; it taps the group's methods instead
+(`harness.threads.tap_collectives`), and sees the same kinds, volumes and dtypes, the group as its
+size. (Four rank threads' dispatch modes in one process once ended in a segmentation fault inside
+torch's dispatch; the tap also avoids that.)
 """
 from __future__ import annotations
 
@@ -105,6 +111,27 @@ class CollectiveCounter(TorchDispatchMode):
         super().__init__()
         self.calls: list[Collective] = []
         self._groups: dict = {}
+        self._tap = None  # on the threaded backend: the tap on its group's methods, while active
+
+    def __enter__(self):
+        if dist.is_initialized() and dist.get_backend() == "threaded":
+            from harness.threads import tap_collectives
+
+            self._tap = tap_collectives(self._seen_on_threaded_group)
+            self._tap.__enter__()
+            return self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._tap is not None:
+            tap, self._tap = self._tap, None
+            return tap.__exit__(*exc)
+        return super().__exit__(*exc)
+
+    def _seen_on_threaded_group(self, method: str, args, backend) -> None:
+        size = max(_nbytes(a) for a in args) if args else 0
+        self.calls.append(Collective(kind_of(method), method, size, _dtype(args, None),
+                                     tuple(range(backend.size()))))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(is_traceable_wrapper_subclass_type(t) for t in types):

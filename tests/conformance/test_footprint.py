@@ -69,15 +69,21 @@ def test_sent_bytes_follow_the_ring_formula():
     assert Collective("all_reduce", "allreduce_", 1000, "float32", (3,)).sent == 0
 
 
-@distributed(world_size=2, backend="gloo")  # the threaded group's collectives pass no dispatcher op
+@distributed(world_size=2)  # on gloo at the dispatcher; on threaded by the tap on the group's methods
 def test_counter_sees_c10d_collectives_with_dtype_volume_and_group(ctx):
     with CollectiveCounter() as counter:
         out = torch.empty(8)
         dist.all_gather_into_tensor(out, torch.ones(4))
         dist.all_reduce(torch.ones(3, dtype=torch.float64))
+        dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16))
+        dist.barrier()
+    dist.all_reduce(torch.ones(1))  # after the block: not counted
     table = traffic_table(counter)
+    assert sorted(table) == ["all_gather", "all_reduce", "reduce_scatter"], table
     assert table["all_gather"]["volume"] == 32 and table["all_gather"]["sent"] == 16
     assert table["all_reduce"]["dtypes"] == ["float64"] and table["all_reduce"]["group_sizes"] == [2]
+    assert table["reduce_scatter"]["dtypes"] == ["bfloat16"] and table["reduce_scatter"]["volume"] == 8
+    assert [c.reduces_floats for c in counter.calls] == [False, True, True]
 
 
 def _footprint(held, optimizer, gradients, forward, all_gather=0, reduce_scatter=0, all_reduce=0):

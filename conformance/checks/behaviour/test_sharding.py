@@ -84,8 +84,8 @@ def _sharded(ctx, impl, strategy) -> tuple[int, int, dict]:
 
 def _judge(ctx, impl, strategy):
     if ctx.is_threaded:
-        pytest.skip("the threaded process group is Python: its collectives pass no dispatcher op to count; "
-                    "memory and traffic per rank are measured on a process backend (gloo, nccl)")
+        pytest.skip("thread-mode ranks share one process: memory and traffic per rank are measured on a "
+                    "process backend (gloo, nccl)")
     n, r, measured = _sharded(ctx, impl, strategy)
     unsharded = shared_reference.computed_once(ctx, _unsharded)
     failures, figures = promises.judge(strategy, n, r, measured, unsharded)

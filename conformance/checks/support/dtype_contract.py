@@ -17,11 +17,6 @@ without a policy) the facts must be:
 
 `verify` raises one line naming the first broken boundary (the step, the phase, what was seen and
 the policy), on every rank if any rank saw one.
-
-On the threaded backend only the forward and input-cast facts are observed: its process group is
-Python, its collectives pass no dispatcher op for the counter to see, and the counter (a dispatch
-mode) is not entered there at all (four ranks' modes in one process once ended in a segmentation
-fault inside torch's dispatch). The same cells on gloo observe every boundary.
 """
 
 from __future__ import annotations
@@ -93,8 +88,7 @@ class Watch:
         k = self.recipe.accumulation_steps
         self.place = f"step {step}" + (f" micro-batch {micro}" if phase == "forward_backward" and k > 1 else "") + \
             f" ({phase})"
-        log = CollectiveCounter()
-        with contextlib.nullcontext() if self.ctx.is_threaded else log:
+        with CollectiveCounter() as log:
             yield
         reductions = [c for c in log.calls if c.reduces_floats]
         after_eval = " after an eval forward" if self.evaluated else ""
