@@ -16,6 +16,16 @@ no dispatcher op.
 A backend's worker thread may let go of a collective's buffers a moment after the collective
 returned: `settled()` reads `live` once it has stopped moving.
 
+Gathered parameters are told apart by where their bytes came from, not by what an engine calls
+them: the output of an all-gather (any c10d or functional all-gather op) is *gathered*, and so is
+whatever a copy op fills from gathered bytes (FSDP2 copies its all-gather buffer out into the
+unsharded parameters, a cast makes the compute-dtype copy). A gathered storage stays gathered until
+it is freed or resized; its bytes are counted at every moment:
+
+    gathered        = sum of the gathered storages' current sizes
+    gathered_peak   = max of gathered since the last `mark()` (or `mark_gathered()`)
+    gathered_since(e) = the gathered bytes alive now that were gathered at or after epoch e
+
 Thread-local like every dispatch mode: a rank thread (threaded backend) has its own. `kinds()`
 splits the live bytes by what Python can see holding them: optimizer state (`Optimizer.state` of
 every optimizer), gradients (`.grad` of leaf tensors), parameters (`nn.Parameter`), and other
@@ -38,6 +48,10 @@ from torch.utils._python_dispatch import (TorchDispatchMode, is_traceable_wrappe
 from torch.utils._pytree import tree_leaves
 
 KINDS = ("parameters", "gradients", "optimizer", "other")
+GATHERS = ("all_gather", "allgather", "_allgather", "all_gather_into_tensor")  # op name prefixes
+COPIES = frozenset({  # ops whose outputs hold their inputs' values: gathered in, gathered out
+    "copy_", "_to_copy", "clone", "cat", "constant_pad_nd", "split_with_sizes_copy", "narrow_copy",
+    "slice_copy", "view_copy", "_foreach_copy_", "chunk_cat", "index_select", "_unsafe_view", "contiguous"})
 
 _ACTIVE: set = set()  # trackers entered, in any thread: each hears of every storage resize
 _LOCK = threading.Lock()
@@ -84,16 +98,39 @@ class MemoryTracker(TorchDispatchMode):
         self._refs: dict[int, weakref.ref] = {}
         self.live = 0
         self.peak = 0
+        self.epoch = 0                     # advanced by mark(): when a storage was born or gathered
+        self.born: dict[int, int] = {}     # storage key -> epoch it was first counted
+        self.gathered: dict[int, int] = {}  # storage key -> epoch it last received gathered bytes
+        self.gathered_live = 0
+        self.gathered_peak = 0
 
     # -- bookkeeping --------------------------------------------------------------------------
     def _set(self, key: int, nbytes: int) -> None:
-        self.live += nbytes - self.sizes.get(key, 0)
+        delta = nbytes - self.sizes.get(key, 0)
+        self.live += delta
         self.sizes[key] = nbytes
         self.peak = max(self.peak, self.live)
+        if key in self.gathered:
+            self.gathered_live += delta
+            self.gathered_peak = max(self.gathered_peak, self.gathered_live)
 
     def _freed(self, key: int, _ref) -> None:
-        self.live -= self.sizes.pop(key, 0)
+        nbytes = self.sizes.pop(key, 0)
+        self.live -= nbytes
         self._refs.pop(key, None)
+        self.born.pop(key, None)
+        if self.gathered.pop(key, None) is not None:
+            self.gathered_live -= nbytes
+
+    def _gather_into(self, t: torch.Tensor) -> None:
+        """Mark the counted storages behind `t` as holding gathered bytes, from this epoch."""
+        for plain in plain_tensors(t):
+            key = storage_key(plain)
+            if key in self.sizes:
+                if key not in self.gathered:
+                    self.gathered_live += self.sizes[key]
+                    self.gathered_peak = max(self.gathered_peak, self.gathered_live)
+                self.gathered[key] = self.epoch
 
     def resized(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
@@ -113,6 +150,7 @@ class MemoryTracker(TorchDispatchMode):
             elif key not in existing:
                 self._set(key, storage.nbytes())
                 self._refs[key] = weakref.ref(storage, partial(self._freed, key))
+                self.born[key] = self.epoch
 
     def settled(self, quiet_s: float = 0.002, limit_s: float = 0.1) -> int:
         """The live bytes once no storage has been freed for `quiet_s` (at most `limit_s`): a backend's
@@ -127,9 +165,19 @@ class MemoryTracker(TorchDispatchMode):
         return seen
 
     def mark(self) -> int:
-        """Restart the peak at the current live bytes; return them."""
+        """Start a new epoch: restart both peaks at the current live bytes; return them."""
+        self.epoch += 1
         self.peak = self.live
+        self.mark_gathered()
         return self.live
+
+    def mark_gathered(self) -> None:
+        """Restart the gathered peak at the gathered bytes alive now (e.g. between forward and backward)."""
+        self.gathered_peak = self.gathered_live
+
+    def gathered_since(self, epoch: int) -> int:
+        """Gathered bytes alive now that were gathered at or after `epoch` (not those kept from before)."""
+        return sum(self.sizes.get(k, 0) for k, e in self.gathered.items() if e >= epoch)
 
     # -- the mode -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -140,10 +188,21 @@ class MemoryTracker(TorchDispatchMode):
         inputs = {storage_key(t) for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and t.device.type == self.device_type
                   and not is_traceable_wrapper_subclass(t) and not isinstance(t, FakeTensor)}
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.track(t, inputs)
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for t in outputs:
+            self.track(t, inputs)
+        if self._gathers(func, inputs):
+            for t in outputs:
+                if t.device.type == self.device_type and not isinstance(t, FakeTensor):
+                    self._gather_into(t)
         return out
+
+    def _gathers(self, func, inputs: set[int]) -> bool:
+        """Whether `func`'s outputs hold gathered bytes: an all-gather, or a copy of gathered bytes."""
+        name = func._schema.name.split("::")[-1]
+        if func.namespace in ("c10d", "_c10d_functional"):
+            return name.startswith(GATHERS)
+        return name in COPIES and any(k in self.gathered and self.sizes.get(k) for k in inputs)
 
     def __enter__(self):
         with _LOCK:
@@ -162,9 +221,10 @@ class MemoryTracker(TorchDispatchMode):
                     torch.UntypedStorage.resize_ = _ORIGINAL_RESIZE
 
     # -- what holds the bytes -----------------------------------------------------------------
-    def kinds(self) -> dict[str, int]:
+    def kinds(self, born_since: int = 0, without_gathered: bool = False) -> dict[str, int]:
         """{kind: live bytes} over KINDS (see the module doc); a storage is counted once, under the
-        first of optimizer, gradients, parameters that holds it."""
+        first of optimizer, gradients, parameters that holds it. Only storages born at or after
+        epoch `born_since`, and, with `without_gathered`, none holding gathered bytes."""
         kind_of: dict[int, str] = {}
 
         def claim(kind, tensors):
@@ -186,5 +246,6 @@ class MemoryTracker(TorchDispatchMode):
         claim("parameters", [t for t in tensors if issubclass(type(t), nn.Parameter)])
         out = dict.fromkeys(KINDS, 0)
         for key, nbytes in self.sizes.items():
-            out[kind_of.get(key, "other")] += nbytes
+            if self.born.get(key, 0) >= born_since and not (without_gathered and key in self.gathered):
+                out[kind_of.get(key, "other")] += nbytes
         return out

@@ -1,98 +1,213 @@
-"""What each sharding strategy promises of a rank's memory and traffic, as formulas over the same
-figures measured for unsharded data-parallel training (footprint.measure of the yardstick), and the
-verdict of one measured footprint against them.
+"""What each sharding strategy promises of a rank's memory and traffic, as bounds computed from the
+model's shapes and the unsharded figures (footprint.measure of the yardstick), and the verdict of
+one measured footprint against them.
 
-With ``u`` the unsharded figures, ``n`` the shard group size (the world for a 1-D strategy, the
-shard dimension of HYBRID_SHARD's (replicate, shard) mesh), ``r`` the replicate dimension, ``P`` the
-unsharded parameter bytes and ``SLACK`` a stated allowance for padding, alignment and bookkeeping:
+Notation: ``u`` the unsharded figures, ``n`` the shard group size (the world for a 1-D strategy,
+the shard dimension of HYBRID_SHARD's (replicate, shard) mesh; 1 for NO_SHARD), ``r`` the replicas,
+``P`` the parameter bytes, ``s`` the most parameter bytes one rank's shard holds with the padding
+its layout needs (`Shapes.shard_bytes`: per parameter, dim 0 padded to a multiple of n, or per
+unit, the flat parameter padded to a multiple of n, whichever is larger), ``k = s / P`` (1/n
+when every size divides; 1 when nothing is sharded), ``U`` the largest unit's parameters, ``R``
+the root's (parameters in no unit), ``C`` a stated constant for bookkeeping (SMALL bytes):
 
-    held between steps        FULL_SHARD, HYBRID_SHARD    rest        <= (u.rest + u.gradients) / n + SLACK * u.rest
-    optimizer state           every sharded strategy      optimizer   <= u.optimizer / n + SLACK * u.optimizer
-    gradients after backward  every sharded strategy      gradients   <= u.gradients / n + SLACK * u.gradients
-    gathered after forward    FULL_SHARD, HYBRID_SHARD    forward     <= u.forward + KEPT_GATHERED * P  (n > 1)
-    bytes sent per step       every strategy, n * r > 1   sent / formula within [LOW, HIGH]
+    row                          applies to                    bound
+    held between steps           every cell                    <= F + S * k + C   (F: what the strategy
+                                                                  keeps whole, S: what it shards, of
+                                                                  u.held + u.gradients; below)
+    optimizer state              every cell                    <= u.optimizer * k + C
+    gradients after backward     every cell                    <= u.gradients * k + C  (`.grad` and the
+                                                                  engine's own buffers born in the step)
+    held after backward          every cell                    <= u.gradients * k + C  (growth over the
+                                                                  backward: gradients and leftovers)
+    kept gathered after forward  FULL_SHARD, HYBRID_SHARD      <= R + U + C  (gathered in forward, alive
+                                                                  at its end: the root, one unit at most)
+    gathered at any moment       every cell                    FULL_SHARD, HYBRID_SHARD: <= R + 3U + C
+                                                                  (the unit in use, one prefetched, one
+                                                                  all-gather buffer being copied out);
+                                                                  SHARD_GRAD_OP: <= P*n*k + 2U + C (all
+                                                                  units, kept until backward); NO_SHARD
+                                                                  and one rank: <= C (nothing to gather)
+    peak during the step         every cell                    sharded: <= u.forward + gathered bound
+                                                                  + 2U (a unit's unsharded gradients and
+                                                                  their reduce buffer) + u.gradients * k
+                                                                  + C; NO_SHARD and one rank: <= PEAK_OF_
+                                                                  UNSHARDED * u.peak + C
+    bytes sent, per kind         every cell                    within [LOW * f(P), HIGH * f(n*s)] + SMALL
+                                                                  for each collective kind (all-gather,
+                                                                  reduce-scatter, all-reduce); any other
+                                                                  kind <= SMALL
 
-    formula (ring):  FULL_SHARD     3 * P * (n-1)/n           (all-gather in forward and in backward,
-                                                               reduce-scatter of the gradients)
-                     HYBRID_SHARD   3 * P * (n-1)/n + 2 * (P/n) * (r-1)/r   (and an all-reduce of the
-                                                               gradient shards across replicas)
-                     SHARD_GRAD_OP  2 * P * (n-1)/n           (one all-gather, one reduce-scatter)
-                     NO_SHARD       2 * P * (r-1)/r           (one all-reduce of the gradients over
-                                                               the r replicas; n = 1)
+F and S by strategy: FULL_SHARD and HYBRID_SHARD shard everything (F = 0); SHARD_GRAD_OP keeps the
+parameters whole between steps (ZeRO-2; FSDP's SHARD_GRAD_OP frees them, which also passes) and
+shards the rest; NO_SHARD shards nothing (k = 1). An engine may keep its gradients between steps
+(FSDP1 frees them at the next forward), sharded like the rest.
 
-Between steps unsharded training holds parameters and optimizer state (its gradients are set to
-None); an engine may also keep its gradients there (FSDP1 frees them at the next forward), sharded
-like the rest. "Sharded strategy" is FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD (ZeRO-3, ZeRO-2, and FULL_SHARD
-within a replica group); NO_SHARD promises no memory saving. The parameters kept gathered at the end
-of forward may be the root unit's (FSDP does not reshard the root, it is needed first in backward):
-the model these checks measure keeps less than KEPT_GATHERED of its parameters in its root. On one
-rank there is nothing to gather: the shard is the parameter.
+The traffic formulas f per kind, in a ring (traffic.Collective.sent):
+
+    strategy        all_gather              reduce_scatter     all_reduce
+    FULL_SHARD      (2P - R) (n-1)/n        P (n-1)/n          0
+    HYBRID_SHARD    (2P - R) (n-1)/n        P (n-1)/n          2 (P/n) (r-1)/r   (across replicas)
+    SHARD_GRAD_OP   P (n-1)/n               P (n-1)/n          0
+    NO_SHARD        0                       0                  2 P (r-1)/r
+
+FULL_SHARD gathers each unit in forward and again in backward (the root stays gathered: FSDP does
+not reshard it after forward). LOW = 0.9 leaves room for an engine that skips the backward
+re-gather of the one unit whose backward needs no parameter (the first, when the input needs no
+gradient): one of the eight units of the family's model. A doubled gather, an all-reduce in place
+of a reduce-scatter, a missing backward re-gather each fall outside.
 """
 
 from __future__ import annotations
 
-SLACK = 0.15          # of the unsharded figure: padding to a multiple of n, alignment, small state
-KEPT_GATHERED = 0.5   # of the parameters: at most this may stay gathered after forward (FULL_SHARD)
-LOW, HIGH = 0.75, 1.35  # sent / formula: a step communicates as its strategy's design says
+import math
+from dataclasses import dataclass
+
+SMALL = 4096            # bytes: bookkeeping, scalars (a loss, a norm, a found-inf flag), alignment
+LOW, HIGH = 0.9, 1.1    # sent / formula, per collective kind
+PEAK_OF_UNSHARDED = 1.05  # NO_SHARD and one rank: the peak of unsharded training, within 5%
+PREFETCHED = 3          # FULL_SHARD: units gathered at once (in use, prefetched, a buffer being copied out)
+IN_FLIGHT = 2           # units of unsharded gradients alive at once (a unit's, and its reduce buffer)
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
 RESHARDS_AFTER_FORWARD = ("FULL_SHARD", "HYBRID_SHARD")
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 
 
-def sent_formula(strategy: str, parameter_bytes: float, n: int, r: int = 1) -> float:
-    """The bytes a rank sends per step in a ring, by the strategy's design (module doc)."""
-    p = parameter_bytes
-    if strategy == "NO_SHARD":  # replicated over all r ranks
-        return 2 * p * (r - 1) / r
+@dataclass(frozen=True)
+class Shapes:
+    """What the bounds are computed from: the model's parameter bytes, by unit, on `n` shards."""
+
+    parameter_bytes: int      # P
+    root_bytes: int           # R: parameters in no unit
+    largest_unit_bytes: int   # U (the root counts as a unit)
+    shard_bytes: int          # s: the most parameter bytes one rank holds, padding included
+
+    @classmethod
+    def of(cls, model, units: tuple[str, ...], n: int) -> "Shapes":
+        """From `model`'s parameters (any device, meta included), `units` the names of its
+        sharded submodules (the root owns the rest), sharded over `n` ranks."""
+        owner: dict[int, str] = {}
+        for unit in sorted(units, key=len):  # a nested unit takes its own parameters from its parent
+            for p in model.get_submodule(unit).parameters():
+                owner[id(p)] = unit
+        groups: dict[str, list] = {}
+        for p in model.parameters():
+            groups.setdefault(owner.get(id(p), ""), []).append(p)
+        by_unit = {u: sum(p.numel() * p.element_size() for p in ps) for u, ps in groups.items()}
+        per_param = sum(_row_padded(p, n) for ps in groups.values() for p in ps)
+        flat = sum(math.ceil(sum(p.numel() for p in ps) / n) * ps[0].element_size() for ps in groups.values())
+        return cls(parameter_bytes=sum(by_unit.values()), root_bytes=by_unit.get("", 0),
+                   largest_unit_bytes=max(by_unit.values(), default=0), shard_bytes=max(per_param, flat))
+
+
+def _row_padded(p, n: int) -> int:
+    """The bytes of one rank's dim-0 chunk of `p`, its rows padded to a multiple of `n`."""
+    if p.dim() == 0:
+        return p.element_size()
+    row = p.numel() // max(p.shape[0], 1)
+    return math.ceil(p.shape[0] / n) * row * p.element_size()
+
+
+def sent_formulas(strategy: str, shapes: Shapes, n: int, r: int, parameter_bytes: float | None = None) -> dict:
+    """{kind: bytes a rank sends per step in a ring} by the strategy's design (module doc), for
+    `parameter_bytes` (default the unpadded P)."""
+    p = shapes.parameter_bytes if parameter_bytes is None else parameter_bytes
+    ring_n, ring_r = (n - 1) / n, (r - 1) / r
+    if strategy == "NO_SHARD":
+        return {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 2 * p * ring_r}
     if strategy == "SHARD_GRAD_OP":
-        return 2 * p * (n - 1) / n
-    across = 2 * (p / n) * (r - 1) / r if strategy == "HYBRID_SHARD" else 0.0
-    return 3 * p * (n - 1) / n + across
+        return {"all_gather": p * ring_n, "reduce_scatter": p * ring_n, "all_reduce": 0.0}
+    across = 2 * (p / n) * ring_r if strategy == "HYBRID_SHARD" else 0.0
+    return {"all_gather": (2 * p - shapes.root_bytes) * ring_n, "reduce_scatter": p * ring_n, "all_reduce": across}
 
 
 def sent(footprint: dict) -> float:
     return sum(row["sent"] for row in footprint["traffic"].values())
 
 
-def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict) -> tuple[list[str], dict]:
-    """(one line per broken promise, the figures with their ratios) for `measured` against the
-    `unsharded` footprint (footprint.measure), `strategy` on shard groups of `n` ranks and `r`
-    replicas."""
-    p = unsharded["rest"]["parameters"]
-    u = unsharded
-    rows = {  # name: (key, measured, unsharded, what may be held sharded, promised)
-        "held between steps": ("rest", measured["rest"]["total"], u["rest"]["total"],
-                               u["rest"]["total"] + u["gradients"], strategy in RESHARDS_AFTER_FORWARD),
-        "optimizer state": ("optimizer", measured["rest"]["optimizer"], u["rest"]["optimizer"],
-                            u["rest"]["optimizer"], strategy in SHARDED),
-        "gradients after backward": ("gradients", measured["gradients"], u["gradients"], u["gradients"],
-                                     strategy in SHARDED),
-    }
-    failures, figures = [], {"strategy": strategy, "shard_size": n, "replicas": r, "parameter_bytes": p}
-    for name, (key, got, base, shardable, promised) in rows.items():
-        bound = shardable / n + SLACK * base
-        figures[key] = {"measured": got, "unsharded": base, "ratio": _ratio(got, base), "bound": bound}
-        if promised and got > bound:
-            failures.append(f"{name}: {_kb(got)} per rank, {got / base:.2f}x of unsharded at shard size {n}; "
-                            f"{strategy} promises <= {bound / base:.2f}x ({_kb(bound)})")
-    figures["backward"] = {"measured": measured["backward"], "unsharded": u["backward"]}
-    figures["rest"]["by_kind"] = {k: v for k, v in measured["rest"].items() if k != "total"}
-    kept = measured["forward"] - unsharded["forward"]
-    figures["forward"] = {"measured": measured["forward"], "unsharded": unsharded["forward"],
-                          "gathered": kept, "bound": KEPT_GATHERED * p}
-    if strategy in RESHARDS_AFTER_FORWARD and n > 1 and kept > KEPT_GATHERED * p:
-        failures.append(f"gathered after forward: {_kb(kept)} more than unsharded training holds at the end of "
-                        f"forward ({kept / p:.2f}x of the parameters); {strategy} reshards after forward "
-                        f"(<= {KEPT_GATHERED:.2f}x)")
-    figures["peak"] = {"measured": measured["peak"], "unsharded": unsharded["peak"],
-                       "ratio": _ratio(measured["peak"], unsharded["peak"])}
-    formula = sent_formula(strategy, p, n, r)
-    figures["sent"] = {"measured": sent(measured), "formula": formula, "ratio": _ratio(sent(measured), formula),
-                       "by_kind": measured["traffic"]}
-    if formula > 0 and not LOW <= sent(measured) / formula <= HIGH:
-        kinds = ", ".join(f"{k} {_kb(v['sent'])}" for k, v in sorted(measured["traffic"].items())) or "nothing"
-        failures.append(f"bytes sent per step: {_kb(sent(measured))} per rank ({kinds}), "
-                        f"{sent(measured) / formula:.2f}x of {strategy}'s {_kb(formula)} "
-                        f"(within {LOW:.2f}x-{HIGH:.2f}x)")
+@dataclass(frozen=True)
+class Row:
+    """One promise: its name, the measured bytes, the bound, and how to say it."""
+
+    name: str
+    measured: float
+    bound: float
+    low: float = 0.0
+    unit: str = "per rank"
+
+    @property
+    def broken(self) -> bool:
+        return not self.low <= self.measured <= self.bound
+
+    def line(self, promiser: str, p: float) -> str:
+        """One line: the row, what was measured, what `promiser` (the strategy and its group) promises."""
+        window = (f"{_kb(self.low)}-{_kb(self.bound)} ({self.low / p:.2f}x-{self.bound / p:.2f}x)" if self.low
+                  else f"<= {_kb(self.bound)} ({self.bound / p:.2f}x)")
+        return (f"{self.name}: {_kb(self.measured)} {self.unit} ({self.measured / p:.2f}x of the parameters); "
+                f"{promiser} promises {window}")
+
+
+def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes: Shapes) -> list[Row]:
+    """Every promise that applies to `strategy` on shard groups of `n` ranks and `r` replicas (the
+    module doc's table), as rows of `measured` against its bound."""
+    u, P, U, R = unsharded, shapes.parameter_bytes, shapes.largest_unit_bytes, shapes.root_bytes
+    sharded = strategy in SHARDED and n > 1
+    k = shapes.shard_bytes / P if sharded else 1.0
+    held_whole = u["rest"]["total"] + u["gradients"]
+    kept_whole = u["rest"]["parameters"] if strategy == "SHARD_GRAD_OP" and sharded else 0.0
+    out = [
+        Row("held between steps", measured["rest"]["total"], kept_whole + (held_whole - kept_whole) * k + SMALL),
+        Row("optimizer state", measured["rest"]["optimizer"], u["rest"]["optimizer"] * k + SMALL),
+        Row("gradients after backward", measured["gradients"], u["gradients"] * k + SMALL),
+        Row("held after backward", measured["backward"], u["gradients"] * k + SMALL),
+    ]
+    if not sharded:
+        gathered = SMALL
+    elif strategy in RESHARDS_AFTER_FORWARD:
+        gathered = R + PREFETCHED * U + SMALL
+        out.append(Row("kept gathered after forward", measured["kept"], R + U + SMALL))
+    else:
+        gathered = shapes.shard_bytes * n + IN_FLIGHT * U + SMALL
+    for phase in ("forward", "backward"):
+        out.append(Row(f"gathered during {phase}", measured["gathered"][phase], gathered, unit="at once"))
+    peak = (u["forward"] + gathered + IN_FLIGHT * U + u["gradients"] * k if sharded
+            else PEAK_OF_UNSHARDED * u["peak"])
+    out.append(Row("peak during the step", measured["peak"], peak + SMALL))
+    padded = sent_formulas(strategy, shapes, n, r, shapes.shard_bytes * n if sharded else P)
+    for kind, formula in sent_formulas(strategy, shapes, n, r).items():
+        got = measured["traffic"].get(kind, {}).get("sent", 0.0)
+        low = LOW * formula if formula else 0.0
+        out.append(Row(f"{kind} bytes sent", got, HIGH * padded[kind] + SMALL, low=low, unit="per step"))
+    for kind, row in sorted(measured["traffic"].items()):
+        if kind not in COLLECTIVES:
+            out.append(Row(f"{kind} bytes sent", row["sent"], SMALL, unit="per step"))
+    return out
+
+
+def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes: Shapes) -> tuple[list[str], dict]:
+    """(one line per broken promise, the figures with their bounds) for `measured` against the
+    `unsharded` footprint, `strategy` on shard groups of `n` ranks and `r` replicas."""
+    p = shapes.parameter_bytes
+    judged = rows(strategy, n, r, measured, unsharded, shapes)
+    promiser = f"{strategy} on {n} shard{'s' if n > 1 else ''}" + (f" x {r} replicas" if r > 1 else "")
+    failures = [row.line(promiser, p) for row in judged if row.broken]
+    figures = {"strategy": strategy, "shard_size": n, "replicas": r, "parameter_bytes": p,
+               "shapes": {"root": shapes.root_bytes, "largest_unit": shapes.largest_unit_bytes,
+                          "shard": shapes.shard_bytes},
+               "rows": {row.name: {"measured": row.measured, "bound": row.bound, "low": row.low} for row in judged},
+               "rest": {"measured": measured["rest"]["total"], "unsharded": unsharded["rest"]["total"],
+                        "ratio": _ratio(measured["rest"]["total"], unsharded["rest"]["total"]),
+                        "by_kind": {k: v for k, v in measured["rest"].items() if k != "total"}},
+               "optimizer": {"measured": measured["rest"]["optimizer"], "unsharded": unsharded["rest"]["optimizer"]},
+               "gradients": {"measured": measured["gradients"], "unsharded": unsharded["gradients"]},
+               "backward": {"measured": measured["backward"], "unsharded": unsharded["backward"]},
+               "forward": {"measured": measured["forward"], "unsharded": unsharded["forward"],
+                           "gathered": measured["kept"]},
+               "gathered": dict(measured["gathered"]),
+               "peak": {"measured": measured["peak"], "unsharded": unsharded["peak"],
+                        "ratio": _ratio(measured["peak"], unsharded["peak"])},
+               "sent": {"measured": sent(measured), "by_kind": measured["traffic"],
+                        "formula": sum(sent_formulas(strategy, shapes, n, r).values())}}
+    figures["sent"]["ratio"] = _ratio(figures["sent"]["measured"], figures["sent"]["formula"])
     return failures, figures
 
 

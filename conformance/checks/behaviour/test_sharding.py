@@ -6,10 +6,13 @@ and optimizer moment on every rank trains exactly like unsharded data parallelis
 trains the same model two steps twice on every rank, once with the candidate's trainer and once
 unsharded (checks/support/dp_reference.py), both under the suite's instruments
 (conformance/measure/: storage bytes by kind at the allocations, collectives at the dispatcher), and
-judges the candidate's last step against the strategy's promise (conformance/measure/promises.py):
-bytes held between steps, optimizer state and gradients shrink as 1/n, FULL_SHARD leaves no more
-than its root gathered after forward, and a step sends what its strategy's design formula says.
-Every figure lands in the report (`ctx.record("footprint", ...)`), whether the cell passes or not.
+judges the candidate's last step against the strategy's promise (conformance/measure/promises.py),
+with bounds computed from the model's shapes: bytes held between steps, optimizer state and
+gradients (wherever the engine keeps them) shrink as 1/n, FULL_SHARD keeps no more than its root and
+one unit gathered after forward and gathers a few units at a time, the step's peak stays within what
+its parts need, and each collective kind sends what the strategy's design formula says. One rank and
+NO_SHARD are judged against unsharded training. Every figure lands in the report
+(`ctx.record("footprint", ...)`), whether the cell passes or not.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from conformance.protocol.capabilities import of_strategy
 from harness import distributed
 
 STEPS = 2  # the first step allocates the optimizer's state; the second is measured
-WIDTH, BLOCKS = 64, 4
+WIDTH, BLOCKS = 64, 8
 
 
 class StackedBlocks(nn.Module):
-    """`BLOCKS` equal Linear(64, 64) + ReLU units and a small head in the root (1.5% of the
-    parameters): what a unit gathers is an equal share, and the root keeps almost nothing."""
+    """`BLOCKS` equal Linear(64, 64) + ReLU units and a small head in the root (0.8% of the
+    parameters): what a unit gathers is an equal eighth, so "one unit at a time" and "all at once"
+    differ eightfold, and the root keeps almost nothing."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,8 +92,10 @@ def _judge(ctx, impl, strategy):
                     "process backend (gloo, nccl)")
     n, r, measured = _sharded(ctx, impl, strategy)
     unsharded = shared_reference.computed_once(ctx, _unsharded)
-    failures, figures = promises.judge(strategy, n, r, measured, unsharded)
+    shapes = promises.Shapes.of(StackedBlocks(), UNITS, n)
+    failures, figures = promises.judge(strategy, n, r, measured, unsharded, shapes)
     ctx.record("footprint", figures)
+    assert figures["rows"], f"no promise of {strategy} applies at shard size {n}: the cell would assert nothing"
     assert not failures, "; ".join(failures)
 
 
