@@ -192,6 +192,8 @@ class MemoryTracker(TorchDispatchMode):
         for t in outputs:
             self.track(t, inputs)
         if self._gathers(func, inputs):
+            if func.namespace == "c10d":  # in place: the output tensors are the first operand
+                outputs += [t for t in tree_leaves(args[:1]) if isinstance(t, torch.Tensor)]
             for t in outputs:
                 if t.device.type == self.device_type and not isinstance(t, FakeTensor):
                     self._gather_into(t)

@@ -7,8 +7,9 @@ the shard dimension of HYBRID_SHARD's (replicate, shard) mesh; 1 for NO_SHARD), 
 ``P`` the parameter bytes, ``s`` the most parameter bytes one rank's shard holds with the padding
 its layout needs (`Shapes.shard_bytes`: per parameter, dim 0 padded to a multiple of n, or per
 unit, the flat parameter padded to a multiple of n, whichever is larger), ``k = s / P`` (1/n
-when every size divides; 1 when nothing is sharded), ``U`` the largest unit's parameters, ``R``
-the root's (parameters in no unit), ``C`` a stated constant for bookkeeping (SMALL bytes):
+when every size divides; 1 when nothing is sharded), ``U`` the largest unit's parameters and ``R``
+the root's (parameters in no unit), both as gathered (padded), ``C`` a stated constant for
+bookkeeping (SMALL bytes):
 
     row                          applies to                    bound
     held between steps           every cell                    <= F + S * k + C   (F: what the strategy
@@ -50,8 +51,9 @@ The traffic formulas f per kind, in a ring (traffic.Collective.sent):
     SHARD_GRAD_OP   P (n-1)/n               P (n-1)/n          0
     NO_SHARD        0                       0                  2 P (r-1)/r
 
-FULL_SHARD gathers each unit in forward and again in backward (the root stays gathered: FSDP does
-not reshard it after forward). LOW = 0.9 leaves room for an engine that skips the backward
+FULL_SHARD gathers each unit in forward and again in backward (the root may stay gathered: FSDP2
+does not reshard it after forward). The window's low end is LOW times f of the unpadded P with the
+root kept, its high end HIGH times f of the padded model (n * s) with the root re-gathered. LOW = 0.9 leaves room for an engine that skips the backward
 re-gather of the one unit whose backward needs no parameter (the first, when the input needs no
 gradient): one of the eight units of the family's model. A doubled gather, an all-reduce in place
 of a reduce-scatter, a missing backward re-gather each fall outside.
@@ -74,11 +76,13 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 
 @dataclass(frozen=True)
 class Shapes:
-    """What the bounds are computed from: the model's parameter bytes, by unit, on `n` shards."""
+    """What the bounds are computed from: the model's parameter bytes, by unit, on `n` shards. The
+    padded figures are what a gathered unit or the gathered model occupies: n times the most one rank
+    holds of it (module doc)."""
 
     parameter_bytes: int      # P
-    root_bytes: int           # R: parameters in no unit
-    largest_unit_bytes: int   # U (the root counts as a unit)
+    root_bytes: int           # R: parameters in no unit, padded
+    largest_unit_bytes: int   # U, padded (the root counts as a unit)
     shard_bytes: int          # s: the most parameter bytes one rank holds, padding included
 
     @classmethod
@@ -92,11 +96,18 @@ class Shapes:
         groups: dict[str, list] = {}
         for p in model.parameters():
             groups.setdefault(owner.get(id(p), ""), []).append(p)
-        by_unit = {u: sum(p.numel() * p.element_size() for p in ps) for u, ps in groups.items()}
+        shard = {u: _shard_bytes(ps, n) for u, ps in groups.items()}
         per_param = sum(_row_padded(p, n) for ps in groups.values() for p in ps)
         flat = sum(math.ceil(sum(p.numel() for p in ps) / n) * ps[0].element_size() for ps in groups.values())
-        return cls(parameter_bytes=sum(by_unit.values()), root_bytes=by_unit.get("", 0),
-                   largest_unit_bytes=max(by_unit.values(), default=0), shard_bytes=max(per_param, flat))
+        return cls(parameter_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+                   root_bytes=n * shard.get("", 0), largest_unit_bytes=n * max(shard.values(), default=0),
+                   shard_bytes=max(per_param, flat))
+
+
+def _shard_bytes(params: list, n: int) -> int:
+    """The most bytes of `params` (one unit) one rank holds: per parameter rows or flat, padded."""
+    flat = math.ceil(sum(p.numel() for p in params) / n) * params[0].element_size()
+    return max(sum(_row_padded(p, n) for p in params), flat)
 
 
 def _row_padded(p, n: int) -> int:
@@ -107,17 +118,16 @@ def _row_padded(p, n: int) -> int:
     return math.ceil(p.shape[0] / n) * row * p.element_size()
 
 
-def sent_formulas(strategy: str, shapes: Shapes, n: int, r: int, parameter_bytes: float | None = None) -> dict:
-    """{kind: bytes a rank sends per step in a ring} by the strategy's design (module doc), for
-    `parameter_bytes` (default the unpadded P)."""
-    p = shapes.parameter_bytes if parameter_bytes is None else parameter_bytes
+def sent_formulas(strategy: str, p: float, n: int, r: int, root: float = 0.0) -> dict:
+    """{kind: bytes a rank sends per step in a ring} by the strategy's design (module doc), for `p`
+    parameter bytes of which `root` stay gathered from forward to backward."""
     ring_n, ring_r = (n - 1) / n, (r - 1) / r
     if strategy == "NO_SHARD":
         return {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 2 * p * ring_r}
     if strategy == "SHARD_GRAD_OP":
         return {"all_gather": p * ring_n, "reduce_scatter": p * ring_n, "all_reduce": 0.0}
     across = 2 * (p / n) * ring_r if strategy == "HYBRID_SHARD" else 0.0
-    return {"all_gather": (2 * p - shapes.root_bytes) * ring_n, "reduce_scatter": p * ring_n, "all_reduce": across}
+    return {"all_gather": (2 * p - root) * ring_n, "reduce_scatter": p * ring_n, "all_reduce": across}
 
 
 def sent(footprint: dict) -> float:
@@ -172,8 +182,8 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
     peak = (u["forward"] + gathered + IN_FLIGHT * U + u["gradients"] * k if sharded
             else PEAK_OF_UNSHARDED * u["peak"])
     out.append(Row("peak during the step", measured["peak"], peak + SMALL))
-    padded = sent_formulas(strategy, shapes, n, r, shapes.shard_bytes * n if sharded else P)
-    for kind, formula in sent_formulas(strategy, shapes, n, r).items():
+    padded = sent_formulas(strategy, shapes.shard_bytes * n if sharded else P, n, r)  # the root re-gathered too
+    for kind, formula in sent_formulas(strategy, P, n, r, R if sharded else 0.0).items():
         got = measured["traffic"].get(kind, {}).get("sent", 0.0)
         low = LOW * formula if formula else 0.0
         out.append(Row(f"{kind} bytes sent", got, HIGH * padded[kind] + SMALL, low=low, unit="per step"))
@@ -206,7 +216,7 @@ def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes
                "peak": {"measured": measured["peak"], "unsharded": unsharded["peak"],
                         "ratio": _ratio(measured["peak"], unsharded["peak"])},
                "sent": {"measured": sent(measured), "by_kind": measured["traffic"],
-                        "formula": sum(sent_formulas(strategy, shapes, n, r).values())}}
+                        "formula": sum(sent_formulas(strategy, p, n, r, shapes.root_bytes).values())}}
     figures["sent"]["ratio"] = _ratio(figures["sent"]["measured"], figures["sent"]["formula"])
     return failures, figures
 

@@ -12,7 +12,9 @@ once one failed (``conformance/mutants/per_check.py``). Every check function und
 conformance/checks is listed for at least one mutant, except those in ``test_mutants.UNREACHABLE``
 (with the reason). A mutant with ``survivor`` set is a documented gap in the checks, run as a
 strict xfail; one with ``cells`` set must fail exactly those cells of its checks at world size 2
-and pass the others: the training_loop mutants, ``loop.py``):
+and pass the others: the training_loop mutants, ``loop.py``; one with ``rows`` set must break
+exactly those promise rows of conformance/measure/promises.py in every cell that killed it: the
+sharding liars, ``footprint.py``):
 
 ====================================  ==================================================================================  ==================================================================
 mutant (class)                        bug class modelled                                                                  checks that must each kill it
@@ -100,6 +102,18 @@ mutant-no-reshard-after-forward       FULL_SHARD never reshards after forward (g
 mutant-unsharded-optimizer-state      optimizer state kept at full size on every rank (parameters and gradients sharded)  test_sharding.py::test_sharding
   (UnshardedOptimizerState)
                                                                                                                           test_sharding.py::test_sharding_hybrid
+mutant-gather-all-at-forward-start    FULL_SHARD gathers every unit at once when forward starts, again when backward does  test_sharding.py::test_sharding
+  (GatherAllAtForwardStart)           rows: gathered during forward, gathered during backward, peak during the step
+mutant-all-reduce-then-slice          gradients all-reduced whole and sliced instead of reduce-scattered                  test_sharding.py::test_sharding
+  (AllReduceThenSlice)                rows: reduce_scatter bytes sent, all_reduce bytes sent
+mutant-extra-parameter-copy           an unsharded copy of the parameters kept on every rank                              test_sharding.py::test_sharding
+  (ExtraParameterCopy)                rows: held between steps
+mutant-two-units-kept-after-forward   FULL_SHARD keeps two units gathered after forward                                   test_sharding.py::test_sharding
+  (TwoUnitsKeptAfterForward)          rows: kept gathered after forward, all_gather bytes sent
+mutant-gather-twice-in-backward       FULL_SHARD all-gathers each unit twice in backward                                  test_sharding.py::test_sharding
+  (GatherTwiceInBackward)             rows: all_gather bytes sent
+mutant-full-gradient-bucket           gradients kept full-size in an engine-owned buffer until the step                   test_sharding.py::test_sharding
+  (FullGradientBucket)                rows: gradients after backward, held after backward, peak during the step
 mutant-accumulation-overwrite         accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)    test_training_loop.py::test_training_loop
   (AccumulationOverwrite)             exactly the cells [*-accumulate-*]                                                  test_training_loop.py::test_training_loop_mixed_precision
 mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outside autograd (their gradient lost)        test_training_loop.py::test_training_loop_mixed_precision
@@ -137,7 +151,15 @@ from conformance.mutants.comm import (
     CommHookRootOnlyChecked,
 )
 from conformance.mutants.footprint import (
-    NoReshardAfterForward, ReplicatesDeclaresFullShard, UnshardedOptimizerState,
+    AllReduceThenSlice,
+    ExtraParameterCopy,
+    FullGradientBucket,
+    GatherAllAtForwardStart,
+    GatherTwiceInBackward,
+    NoReshardAfterForward,
+    ReplicatesDeclaresFullShard,
+    TwoUnitsKeptAfterForward,
+    UnshardedOptimizerState,
 )
 from conformance.mutants.extensions import (
     ExtensionHooksIgnored,
@@ -209,6 +231,12 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ReplicatesDeclaresFullShard,
     NoReshardAfterForward,
     UnshardedOptimizerState,
+    GatherAllAtForwardStart,
+    AllReduceThenSlice,
+    ExtraParameterCopy,
+    TwoUnitsKeptAfterForward,
+    GatherTwiceInBackward,
+    FullGradientBucket,
     AccumulationOverwrite,
     DetachedInputCast,
     ReduceDtypeLostAfterEval,

@@ -80,6 +80,9 @@ class MutantAdapter(ReferenceAdapter):
     # Optional: globs ("test_fn[*-accumulate-*]", `*` the only wildcard) over the cells of `checks`
     # that must fail; set, its run goes through every cell and every other one must pass.
     cells: tuple[str, ...] = ()
+    # Optional, for the family sharding: the promise rows (conformance/measure/promises.py) its killing
+    # cells must break, exactly: a liar caught by the row made for it, not by accident of another.
+    rows: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._activate()

@@ -78,7 +78,7 @@ def unsharded_figures(parameter_bytes: int) -> dict:
     arithmetic (the module doc)."""
     p = parameter_bytes
     return {"rest": {"total": 3 * p, "optimizer": 2 * p, "parameters": p, "gradients": 0, "other": 0},
-            "gradients": p, "backward": p, "forward": 0, "peak": 4 * p, "traffic": {}}
+            "gradients": p, "backward": p, "forward": 0, "peak": 2 * p, "traffic": {}}
 
 
 def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: str | None = None) -> dict:
@@ -100,7 +100,8 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
         tokens = shape.example_input("cpu")
         measured = footprint.measure(_Rank(rank), lambda: build(model_name, "cpu"),
                                      lambda model, recipe: adapter.trainer(model, spec, recipe), RECIPE, [tokens])
-    failures, figures = promises.judge(strategy, shape2d.shard, shape2d.replicate, measured, unsharded_figures(p))
+    shapes = promises.Shapes.of(shape, units, shape2d.shard)
+    failures, figures = promises.judge(strategy, shape2d.shard, shape2d.replicate, measured, unsharded_figures(p), shapes)
     return {"rank": rank, "failures": failures, "figures": figures,
             "seconds": round(time.perf_counter() - started, 1), "max_rss_mib": round(max_rss_mib(), 1)}
 
@@ -155,10 +156,14 @@ def _in_own_process(fn, *args):
 
 
 def _held(figures: dict) -> str:
-    rest, sent = figures["rest"], figures["sent"]
-    return (f"holds {rest['ratio']:.4f}x of unsharded between steps (bound {rest['bound'] / rest['unsharded']:.4f}x), "
-            f"gathered after forward {figures['forward']['gathered'] / figures['parameter_bytes']:.3f}x of the "
-            f"parameters, sends {sent['ratio']:.2f}x of {figures['strategy']}'s formula")
+    rows, p = figures["rows"], figures["parameter_bytes"]
+
+    def share(name: str) -> str:
+        return f"{rows[name]['measured'] / p:.4f}x (bound {rows[name]['bound'] / p:.4f}x)"
+
+    return (f"holds {share('held between steps')} of the parameters' bytes between steps, gathers at most "
+            f"{share('gathered during backward')}, keeps {share('kept gathered after forward')} after forward, "
+            f"sends {figures['sent']['ratio']:.2f}x of {figures['strategy']}'s formula")
 
 
 def human_summary(report: dict) -> str:

@@ -319,6 +319,34 @@ def test_mutant_kills_exactly_its_cells(mutant_runs, mutant):
     print(f"\n{mutant.name}: exactly {len(failed)} of {len(outcomes)} cells failed ({run.seconds:.1f} s)")
 
 
+ROW_IN_MESSAGE = re.compile(r"(?:^|; |Error: )([a-z_ ]+?): -?[\d.]+ KiB")  # promises.Row.line
+
+
+def broken_rows(message: str) -> set[str]:
+    """The promise rows a family-sharding failure message names (one "row: N KiB ..." per row)."""
+    return set(ROW_IN_MESSAGE.findall(message))
+
+
+def test_broken_rows_reads_promise_lines():
+    message = ("rank 0: AssertionError: gathered during forward: 66.2 KiB at once (0.50x of the parameters); "
+               "FULL_SHARD on 2 shards promises <= 54.3 KiB (0.41x); all_gather bytes sent: 1.0 KiB per step (...)")
+    assert broken_rows(message) == {"gathered during forward", "all_gather bytes sent"}
+
+
+@pytest.mark.parametrize("mutant", [pytest.param(m, id=m.name) for m in MUTANTS if m.rows and not _is_survivor(m)])
+def test_mutant_breaks_exactly_its_rows(mutant_runs, mutant):
+    """A sharding liar naming `rows` breaks exactly those promise rows in every cell that killed it:
+    caught by the row made for it, not by the accident of another."""
+    run = mutant_runs.get(mutant.__name__, _mutant_command(mutant)).result()
+    failed = run.lines("FAILED")
+    assert failed, f"{mutant.name} was not killed:\n{run.describe()}"
+    for line in failed:
+        rows = broken_rows(line.partition(" - ")[2])
+        assert rows == set(mutant.rows), (f"{mutant.name}: broke {sorted(rows)}, expected exactly "
+                                          f"{sorted(mutant.rows)}\n{line}")
+        print(f"\n{mutant.name}: {line.partition(' - ')[0]} broke exactly {sorted(rows)}")
+
+
 def test_reference_passes_mutant_subsets(mutant_runs):
     """The unmutated reference passes every cell that killed a mutant, so a kill is never an
     artifact of a check that fails anyway. (Last in this file: it needs the mutant runs' results.)"""
