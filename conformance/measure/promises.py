@@ -15,6 +15,8 @@ bookkeeping (SMALL bytes):
     held between steps           every cell                    <= F + S * k + C   (F: what the strategy
                                                                   keeps whole, S: what it shards, of
                                                                   u.held + u.gradients; below)
+    parameters held between steps every cell                   <= u.parameters * k + C  (the `nn.Parameter`
+                                                                  storages; SHARD_GRAD_OP: u.parameters + C)
     optimizer state              every cell                    <= u.optimizer * k + C
     gradients after backward     every cell                    <= u.gradients * k + C  (`.grad` and the
                                                                   engine's own buffers born in the step)
@@ -166,6 +168,8 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
     kept_whole = u["rest"]["parameters"] if strategy == "SHARD_GRAD_OP" and sharded else 0.0
     out = [
         Row("held between steps", measured["rest"]["total"], kept_whole + (held_whole - kept_whole) * k + SMALL),
+        Row("parameters held between steps", measured["rest"]["parameters"],
+            (u["rest"]["parameters"] if kept_whole else u["rest"]["parameters"] * k) + SMALL),
         Row("optimizer state", measured["rest"]["optimizer"], u["rest"]["optimizer"] * k + SMALL),
         Row("gradients after backward", measured["gradients"], u["gradients"] * k + SMALL),
         Row("held after backward", measured["backward"], u["gradients"] * k + SMALL),
