@@ -1,8 +1,11 @@
-"""F44: Megatron-FSDP (optim_grads_params, every Linear a unit) keeps the gathered weights of the
-units that already ran alive while forward goes on: they are released lazily, when a later unit's
-bucket is fetched (`recycle_unused_buckets`) or after the step, not after the unit's own forward. The
-bytes of all-gathered weight storages alive at each unit's forward, summed over the eight units,
-reach nearly the whole model on every rank where FULL_SHARD holds about one unit at a time."""
+"""F44: Megatron-FSDP (optim_grads_params, every Linear a unit) gathers every unit not yet run at once:
+its all-gather prefetch size is "capped" with `max(1_000_000_000, suggested_communication_unit_size)`
+(megatron_fsdp.py, MegatronFSDP.__init__: the comment says "Cap to 1B elements"), a floor, so the
+prefetch budget is at least 5e8 elements and a model below that is prefetched whole. The bytes of
+all-gathered weight storages alive at each unit's forward: the first unit alone, then the seven
+others all at once at the second, each released after its own forward. FULL_SHARD holds about one
+unit (and the next, prefetched) at a time. The max applies only when the DDP config's
+`suggested_communication_unit_size` is None, so setting it should avoid the floor (not tried here)."""
 
 import torch
 import torch.nn as nn
