@@ -83,8 +83,9 @@ class Shapes:
     holds of it (module doc)."""
 
     parameter_bytes: int      # P
-    root_bytes: int           # R: parameters in no unit, padded
-    largest_unit_bytes: int   # U, padded (the root counts as a unit)
+    root_bytes: int           # parameters in no unit (the root's), unpadded: what stays gathered on the wire
+    gathered_root_bytes: int  # R: the root's, as gathered (padded)
+    largest_unit_bytes: int   # U, as gathered (padded; the root counts as a unit)
     shard_bytes: int          # s: the most parameter bytes one rank holds, padding included
 
     @classmethod
@@ -102,7 +103,8 @@ class Shapes:
         per_param = sum(_row_padded(p, n) for ps in groups.values() for p in ps)
         flat = sum(math.ceil(sum(p.numel() for p in ps) / n) * ps[0].element_size() for ps in groups.values())
         return cls(parameter_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
-                   root_bytes=n * shard.get("", 0), largest_unit_bytes=n * max(shard.values(), default=0),
+                   root_bytes=sum(p.numel() * p.element_size() for p in groups.get("", [])),
+                   gathered_root_bytes=n * shard.get("", 0), largest_unit_bytes=n * max(shard.values(), default=0),
                    shard_bytes=max(per_param, flat))
 
 
@@ -161,7 +163,7 @@ class Row:
 def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes: Shapes) -> list[Row]:
     """Every promise that applies to `strategy` on shard groups of `n` ranks and `r` replicas (the
     module doc's table), as rows of `measured` against its bound."""
-    u, P, U, R = unsharded, shapes.parameter_bytes, shapes.largest_unit_bytes, shapes.root_bytes
+    u, P, U, R = unsharded, shapes.parameter_bytes, shapes.largest_unit_bytes, shapes.gathered_root_bytes
     sharded = strategy in SHARDED and n > 1
     k = shapes.shard_bytes / P if sharded else 1.0
     held_whole = u["rest"]["total"] + u["gradients"]
@@ -187,7 +189,7 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
             else PEAK_OF_UNSHARDED * u["peak"])
     out.append(Row("peak during the step", measured["peak"], peak + SMALL))
     padded = sent_formulas(strategy, shapes.shard_bytes * n if sharded else P, n, r)  # the root re-gathered too
-    for kind, formula in sent_formulas(strategy, P, n, r, R if sharded else 0.0).items():
+    for kind, formula in sent_formulas(strategy, P, n, r, shapes.root_bytes if sharded else 0.0).items():
         got = measured["traffic"].get(kind, {}).get("sent", 0.0)
         low = LOW * formula if formula else 0.0
         out.append(Row(f"{kind} bytes sent", got, HIGH * padded[kind] + SMALL, low=low, unit="per step"))
@@ -205,8 +207,8 @@ def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes
     promiser = f"{strategy} on {n} shard{'s' if n > 1 else ''}" + (f" x {r} replicas" if r > 1 else "")
     failures = [row.line(promiser, p) for row in judged if row.broken]
     figures = {"strategy": strategy, "shard_size": n, "replicas": r, "parameter_bytes": p,
-               "shapes": {"root": shapes.root_bytes, "largest_unit": shapes.largest_unit_bytes,
-                          "shard": shapes.shard_bytes},
+               "shapes": {"root": shapes.root_bytes, "gathered_root": shapes.gathered_root_bytes,
+                          "largest_unit": shapes.largest_unit_bytes, "shard": shapes.shard_bytes},
                "rows": {row.name: {"measured": row.measured, "bound": row.bound, "low": row.low} for row in judged},
                "rest": {"measured": measured["rest"]["total"], "unsharded": unsharded["rest"]["total"],
                         "ratio": _ratio(measured["rest"]["total"], unsharded["rest"]["total"]),

@@ -126,8 +126,8 @@ UNSHARDED = {**_footprint(3 * P, 2 * P, P, gathered=0, peak=2 * P),
 
 def _shapes(n: int) -> promises.Shapes:
     """Eight equal units of P/8, nothing in the root, every size divisible by n."""
-    return promises.Shapes(parameter_bytes=int(P), root_bytes=0, largest_unit_bytes=int(P / 8),
-                           shard_bytes=int(P / n))
+    return promises.Shapes(parameter_bytes=int(P), root_bytes=0, gathered_root_bytes=0,
+                           largest_unit_bytes=int(P / 8), shard_bytes=int(P / n))
 
 
 def _broken(failures) -> list[str]:
@@ -188,7 +188,8 @@ def test_shapes_pad_each_layout_to_the_shard_count():
     shapes = promises.Shapes.of(model, ("1",), 2)
     per_row = {"root": (3 * 4 + 3) * 4, "unit": (2 * 5 + 2) * 4}  # ceil(rows / 2) rows of each parameter
     assert shapes.parameter_bytes == (25 + 18) * 4
-    assert shapes.root_bytes == 2 * per_row["root"] and shapes.largest_unit_bytes == 2 * per_row["root"]  # padded
+    assert shapes.root_bytes == 25 * 4 and shapes.gathered_root_bytes == 2 * per_row["root"]  # as gathered: padded
+    assert shapes.largest_unit_bytes == 2 * per_row["root"]
     assert shapes.shard_bytes == max(sum(per_row.values()), (13 + 9) * 4) == sum(per_row.values())
 
 
