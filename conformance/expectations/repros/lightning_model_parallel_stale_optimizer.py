@@ -3,7 +3,8 @@
 sharding (the pattern FSDPStrategy accepts): `fully_shard` replaces every parameter by a DTensor
 parameter, the optimizer keeps the old ones, and nothing re-links or warns. They never get a gradient:
 `fabric.clip_gradients` (over the optimizer's parameters) reports a total norm of 0 and
-`optimizer.step()` leaves the model unchanged. Runs on CPU as shipped (no shim)."""
+`optimizer.step()` leaves the model unchanged. In memory: every rank keeps the whole pre-sharding
+model alive in the optimizer beside its DTensor shard. Runs on CPU as shipped (no shim)."""
 
 import os
 
@@ -39,11 +40,16 @@ def body(rank, world_size):
     optimizer.step()
     moved = any(not torch.equal(a, p.detach().full_tensor()) for a, p in zip(before, model.parameters()))
     grads = sum(p.grad is not None for p in model.parameters())
-    return f"module params with a grad: {grads}; clip_gradients total norm: {float(norm)}; model changed by step: {moved}"
+    stale = [q for group in optimizer.param_groups for q in group["params"]]
+    full = sum(q.numel() * q.element_size() for q in stale)  # the pre-sharding parameters, alive in the optimizer
+    shard = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    return (f"module params with a grad: {grads}; clip_gradients total norm: {float(norm)}; model changed by step: "
+            f"{moved}; parameter bytes held: the rank's shard {shard} + the optimizer's unsharded copy {full} "
+            f"(= {(shard + full) / full:.2f}x of the model)")
 
 
 if __name__ == "__main__":
     results = run(body, world_size=2, timeout_s=60)
     verdict(all("module params with a grad: 4; clip_gradients total norm: 0.0; model changed by step: False" in r
-                for r in results.values()),
+                and "the optimizer's unsharded copy 100 " in r for r in results.values()),
             "ModelParallelStrategy + fabric.setup(model, optimizer): stale optimizer, norm 0, no update", results)
