@@ -4,7 +4,7 @@ optimizer built over the unsharded model (the usual script): prepare wraps the m
 parameters, which are no longer the module's: they never get a gradient, `optimizer.step()` changes
 nothing the model uses, and nothing warns. (FSDP2's prepare swaps the optimizer's parameters; FSDP1's
 does not.) In memory: every rank keeps the whole unsharded model alive beside its shard (about 1.5x of
-model's parameter bytes at 2 ranks, where FULL_SHARD holds about 0.50x).
+the model's parameter bytes at 2 ranks, where FULL_SHARD holds about 0.5x).
 
 On a CPU-only machine Accelerate does not build FSDP at all (F27): the four lines marked SHIM give
 the state what accelerate/state.py gives it on a GPU machine. The failure is in prepare's handling of
