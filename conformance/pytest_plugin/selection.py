@@ -9,7 +9,8 @@
   *unsupported*: its own outcome (U), never a pass, never a failure. So is a cell whose adapter or
   check raises `Unsupported`, on any rank.
 - Each implementation's expectations manifest turns known failures into strict xfails: a cell that
-  now passes fails, and so does an entry that matches no collected cell.
+  now passes fails, and so does an entry that matches no collected cell. A cell that fails with an
+  error other than its entry's (`error`, a regex) fails too (expected_errors.py, registered here).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conformance.protocol import outcomes
+from conformance.pytest_plugin import expected_errors
 from conformance.report.cells import strip_impl
 
 # Nothing above imports torch or an adapter: they are loaded when a test takes `impl` (a
@@ -51,6 +53,8 @@ def pytest_configure(config):
         except ValueError:
             break  # the harness plugin is off (-p no:shardcheck): no ranks, nothing to preload
     config._shardcheck_impls = config._shardcheck_manifests = None
+    if not config.pluginmanager.has_plugin("shardcheck-expected-errors"):
+        config.pluginmanager.register(expected_errors, "shardcheck-expected-errors")
     if config.getoption("shardcheck_impl"):
         impls(config)  # asked for: load now, so that a bad name is a usage error before collection
 
@@ -171,6 +175,7 @@ def pytest_collection_modifyitems(session, config, items):
                 if any(fnmatch.fnmatchcase(cell, pattern.replace("[", "[[]")) for pattern in entry["cells"]):
                     used.add(i)
                     item.add_marker(pytest.mark.xfail(strict=True, reason=f"known: {entry['reason']}"))
+                    expected_errors.expect(item, entry)
                     item.user_properties.append(("expectation", {k: entry[k] for k in
                                                                  ("reason", "repro", "finding") if k in entry}))
                     break
