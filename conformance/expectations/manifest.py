@@ -4,23 +4,37 @@
     cells = ["test_clip_grad.py::test_ddp_parity[ws4-*-inf-FULL_SHARD-*]"]   # globs over cell ids
     reason = "why it fails: the root cause, with the source line where known"
     repro = "conformance/expectations/repros/fsdp2_inf_norm_empty_shard.py"  # a runnable file in the repo
+    error = "cannot compute the infinity norm on an empty tensor"  # a regex the failure must show
     finding = "F9"          # optional: the FINDINGS.md entry (the matrix groups by it)
     torch = ">=2.13,<2.14"  # optional: torch versions the entry applies to
     version = "<0.20"       # optional: versions of the implementation itself
     variants = ["flat"]     # optional: only these variants ("default": the plain name); else all
 
-Any other key is an error, so is an entry without cells, reason and repro.
+Any other key is an error, so is an entry without cells, reason, repro and error. `error` is a
+Python regex, compiled when the manifest loads (a bad one is an error) and searched (re.search) in
+the failure text of each cell the entry marks (what the run prints and the report keeps: for a
+distributed cell the ranks' verdict, headline and rank blocks): a cell that fails with a text it
+does not find fails the run, naming the entry (conformance/pytest_plugin/expected_errors.py). So
+an entry excuses its bug, not any failure of its cells; write the narrowest phrase of the actual
+error ("infinity norm on an empty tensor", not "AssertionError"), an alternation only for two
+phrasings of the same bug, and split an entry whose cells fail for different reasons.
+For now an entry whose cells all lie in DEFERRED_FILES may leave `error` out (the family sharding's
+bounds and messages are being rewritten, issue 39); such an entry excuses any failure of its cells.
 
 `shardcheck explore` (conformance/explore/) recognises its known findings by `[[explore]]` entries:
 `facts` (named properties of the drawn configuration) and `error` (a regex the failure must show)
 instead of `cells`; the other keys as above. conformance/explore/findings.py says how they match. A manifest path given by
 an adapter (its `expectations` attribute) is relative to the adapter's module file. Variants of an
 implementation (`torch-fsdp1[flat]`) share its manifest.
+
+A loaded entry is the table as written plus `_path` (the manifest's path) and, where it has an
+`error`, `_error` (the compiled regex).
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 import tomllib
 from pathlib import Path
 
@@ -29,9 +43,12 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 HERE = Path(__file__).parent
-REQUIRED = {"cells", "reason", "repro"}
+REQUIRED = {"cells", "reason", "repro", "error"}
 EXPLORE_REQUIRED = {"facts", "error", "reason", "repro"}
 OPTIONAL = {"finding", "torch", "version", "variants"}
+# Check files whose [[xfail]] entries may leave `error` out for now: the family sharding's bounds
+# and messages are being rewritten (issue 39); its entries get their regexes with the new messages.
+DEFERRED_FILES = ("test_sharding.py",)
 
 
 class ManifestError(ValueError):
@@ -101,7 +118,7 @@ def _load(adapter, table: str, required: set[str]) -> list[dict]:
     out = []
     for i, entry in enumerate(entries):
         where = f"{path} {table} entry {i + 1}"
-        missing, extra = required - set(entry), set(entry) - required - OPTIONAL
+        missing, extra = required - set(entry) - _deferred(entry, table), set(entry) - required - OPTIONAL
         if missing:
             raise ManifestError(f"{where} lacks {', '.join(sorted(missing))}")
         if extra:
@@ -109,6 +126,27 @@ def _load(adapter, table: str, required: set[str]) -> list[dict]:
                                 f"(known: {', '.join(sorted(required | OPTIONAL))})")
         if table == "xfail" and (not isinstance(entry["cells"], list) or not entry["cells"]):
             raise ManifestError(f"{where}: cells must be a non-empty list of globs")
+        compiled = {"_error": _compiled(entry["error"], where)} if "error" in entry else {}
         if _applies(entry, adapter, where):
-            out.append({**entry, "_path": str(path)})
+            out.append({**entry, "_path": str(path), **compiled})
     return out
+
+
+def _deferred(entry: dict, table: str) -> set[str]:
+    """{"error"} for an [[xfail]] entry whose cells all lie in DEFERRED_FILES (it may leave its
+    regex out for now), else nothing."""
+    cells = entry.get("cells")
+    if table != "xfail" or not isinstance(cells, list) or not cells:
+        return set()
+    files = {str(cell).split("::")[0] for cell in cells}
+    return {"error"} if files <= set(DEFERRED_FILES) else set()
+
+
+def _compiled(pattern, where: str) -> re.Pattern:
+    """The entry's `error` regex compiled: a manifest with a bad one does not load."""
+    if not isinstance(pattern, str) or not pattern:
+        raise ManifestError(f"{where}: error must be a non-empty regex string, not {pattern!r}")
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ManifestError(f"{where}: error {pattern!r} is not a regex: {exc}") from None

@@ -1,8 +1,10 @@
 """The conformance plugin's promises: implementation selection, unsupported is never a pass,
-expectations manifests are strict, and the JSON report records every cell."""
+expectations manifests are strict (a known failure must show its entry's error), and the JSON
+report records every cell."""
 
 import textwrap
 
+import pytest
 import warm_python
 
 from conformance.report import reading
@@ -54,6 +56,7 @@ KNOWN = '''
 cells = ["test_checks.py::test_supported[ws2-2]"]
 reason = "cell 2 is known to fail"
 repro = "assert 2 == 1"
+error = 'cell \\d is known to fail'
 '''
 
 
@@ -80,6 +83,48 @@ def test_an_entry_matching_no_cell_is_an_error(tmp_path):
 def test_a_known_failure_that_passes_fails_the_run(tmp_path):
     code, out = _session(tmp_path, KNOWN.replace("[ws2-2]", "[ws2-1]"))
     assert code == 1 and "XPASS(strict)" in out
+
+
+def test_a_known_failure_with_another_error_fails_the_run_naming_the_entry(tmp_path):
+    """The entry's regex is not in the cell's failure: the cell is failed, not xfailed, and its
+    text starts with the entry (manifest, finding, regex) and the actual failure, kept whole below."""
+    manifest = KNOWN.replace("cell \\d is known to fail", "infinity norm on an empty tensor") + 'finding = "F9"\n'
+    code, out = _session(tmp_path, manifest, "--shardcheck-report", "r.json")
+    assert code == 1, out
+    assert "1 failed, 1 passed, 2 unsupported" in out
+    cell = next(c for c in reading.load(tmp_path / "r.json")["cells"] if c["params"].get("x") == 2)
+    head, _, rest = cell["message"].partition("\n")
+    assert cell["outcome"] == "failed" and head.startswith(
+        "expectation fake.toml (F9) expects an error matching 'infinity norm on an empty tensor'; "
+        "the cell failed with: rank ")
+    assert "AssertionError: cell 2 is known to fail" in head
+    assert "AssertionError: cell 2 is known to fail" in rest  # the original failure, kept
+
+
+@pytest.mark.parametrize("error, problem", [(None, "lacks error"), ("step (", "is not a regex")])
+def test_an_xfail_entry_without_a_valid_error_is_an_error(tmp_path, error, problem):
+    lines = [line for line in KNOWN.splitlines() if not line.startswith("error")]
+    manifest = "\n".join(lines + ([f"error = {error!r}"] if error else [])) + "\n"
+    code, out = _session(tmp_path, manifest)
+    assert code == 4 and "fake.toml xfail entry 1" in out and problem in out, out
+
+
+def test_only_the_family_sharding_may_leave_error_out_for_now(tmp_path):
+    """Its messages are being rewritten (manifest.DEFERRED_FILES): its entries load without a regex,
+    and excuse any failure of their cells until they have one; an entry that also names other
+    cells does not load."""
+    from conformance.expectations import manifest
+
+    class Adapter:
+        name, version, expectations = "fake", "0.1.0", tmp_path / "fake.toml"
+
+    sharding = '[[xfail]]\ncells = ["test_sharding.py::test_sharding[ws4-*]"]\nreason = "r"\nrepro = "p"\n'
+    (tmp_path / "fake.toml").write_text(sharding)
+    (entry,) = manifest.load(Adapter())
+    assert "_error" not in entry
+    (tmp_path / "fake.toml").write_text(sharding.replace('ws4-*]"]', 'ws4-*]", "test_clip_grad.py::*"]'))
+    with pytest.raises(manifest.ManifestError, match="fake.toml xfail entry 1 lacks error"):
+        manifest.load(Adapter())
 
 
 def test_unknown_implementation_is_one_line(tmp_path):
