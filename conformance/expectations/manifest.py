@@ -18,8 +18,6 @@ does not find fails the run, naming the entry (conformance/pytest_plugin/expecte
 an entry excuses its bug, not any failure of its cells; write the narrowest phrase of the actual
 error ("infinity norm on an empty tensor", not "AssertionError"), an alternation only for two
 phrasings of the same bug, and split an entry whose cells fail for different reasons.
-For now an entry whose cells all lie in DEFERRED_FILES may leave `error` out (the family sharding's
-bounds and messages are being rewritten, issue 39); such an entry excuses any failure of its cells.
 
 `shardcheck explore` (conformance/explore/) recognises its known findings by `[[explore]]` entries:
 `facts` (named properties of the drawn configuration) and `error` (a regex the failure must show)
@@ -46,11 +44,6 @@ HERE = Path(__file__).parent
 REQUIRED = {"cells", "reason", "repro", "error"}
 EXPLORE_REQUIRED = {"facts", "error", "reason", "repro"}
 OPTIONAL = {"finding", "torch", "version", "variants"}
-# Check files whose [[xfail]] entries may leave `error` out for now: the family sharding's bounds
-# and messages are being rewritten (issue 39); its entries get their regexes with the new messages.
-DEFERRED_FILES = ("test_sharding.py",)
-
-
 class ManifestError(ValueError):
     pass
 
@@ -118,7 +111,7 @@ def _load(adapter, table: str, required: set[str]) -> list[dict]:
     out = []
     for i, entry in enumerate(entries):
         where = f"{path} {table} entry {i + 1}"
-        missing, extra = required - set(entry) - _deferred(entry, table), set(entry) - required - OPTIONAL
+        missing, extra = required - set(entry), set(entry) - required - OPTIONAL
         if missing:
             raise ManifestError(f"{where} lacks {', '.join(sorted(missing))}")
         if extra:
@@ -130,16 +123,6 @@ def _load(adapter, table: str, required: set[str]) -> list[dict]:
         if _applies(entry, adapter, where):
             out.append({**entry, "_path": str(path), **compiled})
     return out
-
-
-def _deferred(entry: dict, table: str) -> set[str]:
-    """{"error"} for an [[xfail]] entry whose cells all lie in DEFERRED_FILES (it may leave its
-    regex out for now), else nothing."""
-    cells = entry.get("cells")
-    if table != "xfail" or not isinstance(cells, list) or not cells:
-        return set()
-    files = {str(cell).split("::")[0] for cell in cells}
-    return {"error"} if files <= set(DEFERRED_FILES) else set()
 
 
 def _compiled(pattern, where: str) -> re.Pattern:

@@ -109,24 +109,6 @@ def test_an_xfail_entry_without_a_valid_error_is_an_error(tmp_path, error, probl
     assert code == 4 and "fake.toml xfail entry 1" in out and problem in out, out
 
 
-def test_only_the_family_sharding_may_leave_error_out_for_now(tmp_path):
-    """Its messages are being rewritten (manifest.DEFERRED_FILES): its entries load without a regex,
-    and excuse any failure of their cells until they have one; an entry that also names other
-    cells does not load."""
-    from conformance.expectations import manifest
-
-    class Adapter:
-        name, version, expectations = "fake", "0.1.0", tmp_path / "fake.toml"
-
-    sharding = '[[xfail]]\ncells = ["test_sharding.py::test_sharding[ws4-*]"]\nreason = "r"\nrepro = "p"\n'
-    (tmp_path / "fake.toml").write_text(sharding)
-    (entry,) = manifest.load(Adapter())
-    assert "_error" not in entry
-    (tmp_path / "fake.toml").write_text(sharding.replace('ws4-*]"]', 'ws4-*]", "test_clip_grad.py::*"]'))
-    with pytest.raises(manifest.ManifestError, match="fake.toml xfail entry 1 lacks error"):
-        manifest.load(Adapter())
-
-
 def test_unknown_implementation_is_one_line(tmp_path):
     proc = warm_python.run(["-m", "pytest", "--shardcheck-impl", "nope", "--co"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 4
