@@ -35,7 +35,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import collectives as C
-from .accumulation import hold, merge_unsynced
+from .unsynced import hold, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
 from .topology import ShardingStrategy, compute_device, groups_of

@@ -257,11 +257,11 @@ def _add_matrix_and_diff(sub) -> None:
 
 
 def _matrix_or_diff(args) -> int:
-    from conformance.report import diff, matrix  # matplotlib and rich load only for these commands
+    from conformance.report import diff, publish  # matplotlib and rich load only for these commands
     from conformance.report.reading import ReportError
 
     try:
-        return (matrix.main if args.command == "matrix" else diff.main)(args)
+        return (publish.main if args.command == "matrix" else diff.main)(args)
     except ReportError as exc:
         print(f"shardcheck: {exc}", file=sys.stderr)
         return 2

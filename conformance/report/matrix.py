@@ -1,4 +1,4 @@
-"""`shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html] [--memory-chart OUT.svg]`: the cross-implementation matrix.
+"""The cross-implementation matrix of `shardcheck matrix` (the command itself: publish.py).
 
 Reads JSON reports (conformance.report.reading: validated, version 1 upgraded), merges them (one per
 implementation, or one run with several; for a cell in several reports a verdict beats
@@ -22,8 +22,6 @@ xfailed, known failure counts as not passed): conformance.report.coverage.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -32,7 +30,7 @@ from conformance.report import coverage, footprints, texts
 from conformance.report.cells import strip_impl
 from conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "ReportError", "load", "validate", "markdown", "main"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "ReportError", "load", "validate", "markdown"]
 FOLD = 5                                  # longer lists of a finding's cells are folded (<details>)
 NOTE = ("Coverage = cells that reached a verdict / cells collected (unsupported and skipped cells did not "
         "reach one). Conformance = passed / reached (an xfailed, known failure counts as not passed).")
@@ -224,30 +222,3 @@ def markdown(reports: list[dict], chart: str | None = None) -> str:
     else:
         out += ["", "None."]
     return "\n".join(out) + "\n"
-
-
-def main(args) -> int:
-    """The `shardcheck matrix` subcommand (args: reports, markdown, html)."""
-    from conformance.report import page  # matplotlib: only for the HTML page
-
-    reports = [load(path) for path in args.reports]
-    conflicts: list = []
-    merge(reports, conflicts)
-    paths = {id(report): path for report, path in zip(reports, args.reports)}
-    for column, cid, kept, kept_in, dropped, dropped_in in conflicts:
-        print(f"shardcheck matrix: {column} {cid}: {kept['outcome']} ({paths[id(kept_in)]}) over "
-              f"{dropped['outcome']} ({paths[id(dropped_in)]})", file=sys.stderr)
-    chart = getattr(args, "memory_chart", None)
-    if chart:
-        Path(chart).parent.mkdir(parents=True, exist_ok=True)
-        Path(chart).write_text(footprints.chart_svg(merge(reports)))
-        print(f"shardcheck: memory chart written to {chart}")
-    linked = chart and os.path.relpath(chart, Path(args.markdown).parent if args.markdown else ".")
-    if not args.markdown and not args.html:
-        print(markdown(reports, linked), end="")
-    for path, render in ((args.markdown, lambda r: markdown(r, linked)), (args.html, page.html_page)):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(render(reports))
-            print(f"shardcheck: matrix written to {path}")
-    return 0
