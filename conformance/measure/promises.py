@@ -201,7 +201,8 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
 
 def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes: Shapes) -> tuple[list[str], dict]:
     """(one line per broken promise, the figures with their bounds) for `measured` against the
-    `unsharded` footprint, `strategy` on shard groups of `n` ranks and `r` replicas."""
+    `unsharded` footprint, `strategy` on shard groups of `n` ranks and `r` replicas. The figures'
+    `rows` are {row: [measured, bound] or [measured, bound, low]}, in bytes."""
     p = shapes.parameter_bytes
     judged = rows(strategy, n, r, measured, unsharded, shapes)
     promiser = f"{strategy} on {n} shard{'s' if n > 1 else ''}" + (f" x {r} replicas" if r > 1 else "")
@@ -209,16 +210,13 @@ def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes
     figures = {"strategy": strategy, "shard_size": n, "replicas": r, "parameter_bytes": p,
                "shapes": {"root": shapes.root_bytes, "gathered_root": shapes.gathered_root_bytes,
                           "largest_unit": shapes.largest_unit_bytes, "shard": shapes.shard_bytes},
-               "rows": {row.name: {"measured": row.measured, "bound": row.bound, "low": row.low} for row in judged},
+               "rows": {row.name: [row.measured, row.bound] + ([row.low] if row.low else []) for row in judged},
                "rest": {"measured": measured["rest"]["total"], "unsharded": unsharded["rest"]["total"],
                         "ratio": _ratio(measured["rest"]["total"], unsharded["rest"]["total"]),
                         "by_kind": {k: v for k, v in measured["rest"].items() if k != "total"}},
                "optimizer": {"measured": measured["rest"]["optimizer"], "unsharded": unsharded["rest"]["optimizer"]},
-               "gradients": {"measured": measured["gradients"], "unsharded": unsharded["gradients"]},
                "backward": {"measured": measured["backward"], "unsharded": unsharded["backward"]},
-               "forward": {"measured": measured["forward"], "unsharded": unsharded["forward"],
-                           "gathered": measured["kept"]},
-               "gathered": dict(measured["gathered"]),
+               "forward": {"measured": measured["forward"], "unsharded": unsharded["forward"]},
                "peak": {"measured": measured["peak"], "unsharded": unsharded["peak"],
                         "ratio": _ratio(measured["peak"], unsharded["peak"])},
                "sent": {"measured": sent(measured), "by_kind": measured["traffic"],

@@ -159,7 +159,8 @@ def _held(figures: dict) -> str:
     rows, p = figures["rows"], figures["parameter_bytes"]
 
     def share(name: str) -> str:
-        return f"{rows[name]['measured'] / p:.4f}x (bound {rows[name]['bound'] / p:.4f}x)"
+        measured, bound = rows[name][:2]
+        return f"{measured / p:.4f}x (bound {bound / p:.4f}x)"
 
     return (f"holds {share('held between steps')} of the parameters' bytes between steps, gathers at most "
             f"{share('gathered during backward')}, keeps {share('kept gathered after forward')} after forward, "
