@@ -1,5 +1,3 @@
-import sys
+from conformance.cli.main import console_main
 
-from conformance.cli.main import main
-
-sys.exit(main())
+console_main()

@@ -11,7 +11,8 @@ implementation and layer. Exit code: 0 when no cell failed or errored (xfailed a
 do not count) and every implementation's coverage is at least --min-coverage (default 0: off, since
 an implementation without FSDP-style APIs legitimately reaches few api cells; CI should set it), 1
 otherwise; 2 for a usage error of this command (bad option value, unwritable report path, a report
-path another live run writes); pytest's codes for its usage errors pass through. Several
+path another live run writes); 130 for an interrupted run (Ctrl-C, however many: its report says
+complete: false); pytest's codes for its usage errors pass through. Several
 implementations run on pytest-xdist workers, one per core (`--workers N` sets it, 0 for this
 process alone; one implementation runs in this process unless told). The default report name
 carries the time and the process id, so runs started together never share a file.
@@ -30,7 +31,7 @@ its size before and after.
     shardcheck simulate --impl NAME --world-size N --model PRESET
 
 the families x implementations table, the cells that regressed or got fixed between two reports
-(exit 1 on regressions), and the fake-process-group simulation of shard shapes, bytes and
+(exit 1 on regressions, and when either report is incomplete), and the fake-process-group simulation of shard shapes, bytes and
 collectives at world sizes beyond the machine. `run --launcher torchrun` runs on torchrun's ranks.
 
     shardcheck explore --impl NAME [--budget SECONDS] [--seed N]    (conformance/cli/explore.py)
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +54,7 @@ import pytest
 
 from conformance.checks import FAMILIES
 from conformance.cli import explore as explore_command
+from conformance.cli import interrupts
 
 CHECKS = Path(__file__).parents[1] / "checks"
 
@@ -107,12 +110,20 @@ def _run(args, passthrough: list[str]) -> int:
     before = out.stat().st_mtime_ns if out.is_file() else None
     try:
         code = pytest.main(argv + passthrough, plugins=[progress])
+    except KeyboardInterrupt:  # a second Ctrl-C inside pytest's own handling of the first
+        code = pytest.ExitCode.INTERRUPTED
     finally:
         progress.stop()
-    if progress.n_done:
-        progress.print_summary()
-    if out.is_file() and out.stat().st_mtime_ns != before:
-        print(f"shardcheck: report written to {out}")
+    with interrupts.no_interrupts():
+        if code == pytest.ExitCode.INTERRUPTED and writes_report:
+            interrupts.assemble_if_unwritten(out, before)
+        if progress.n_done:
+            progress.print_summary()
+        if out.is_file() and out.stat().st_mtime_ns != before:
+            print(f"shardcheck: report written to {out}")
+    if code == pytest.ExitCode.INTERRUPTED:
+        print(f"shardcheck: interrupted{interrupts.completeness(out) if writes_report else ''}", file=sys.stderr)
+        return interrupts.INTERRUPTED
     return progress.exit_code(code, args.min_coverage)
 
 
@@ -337,8 +348,25 @@ def main(argv: list[str] | None = None) -> int:
         if extra or passthrough:
             parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
         return explore_command.main(args)
-    return _run(args, extra + passthrough)
+    try:
+        return _run(args, extra + passthrough)
+    except KeyboardInterrupt:  # a Ctrl-C outside pytest's session: before its first cell, after its report
+        print("shardcheck: interrupted", file=sys.stderr)
+        return interrupts.INTERRUPTED
+
+
+def console_main() -> None:
+    """The `shardcheck` console script: main(), one line for a Ctrl-C that came before the run began
+    (while torch imports), then the process ends deaf to Ctrl-C (a late one would only print a
+    traceback from the interpreter's exit, after the report is written)."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("shardcheck: interrupted", file=sys.stderr)
+        code = interrupts.INTERRUPTED
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

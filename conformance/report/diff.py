@@ -87,9 +87,14 @@ def render(changes: list[Change], console: Console) -> None:
 
 
 def main(args) -> int:
-    """The `shardcheck diff` subcommand (args: old, new)."""
+    """The `shardcheck diff` subcommand (args: old, new): exit 1 on a regression, and when either
+    report is incomplete (an interrupted or crashed run: its missing cells would read as vanished)."""
     old, new = matrix.load(args.old), matrix.load(args.new)
     changes = diff(old, new)
     width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 160))  # CI logs are wide
     render(changes, Console(width=width))
-    return 1 if any(c.kind == "regressed" for c in changes) else 0
+    incomplete = [(path, report) for path, report in ((args.old, old), (args.new, new)) if not report["complete"]]
+    for path, report in incomplete:
+        print(f"shardcheck diff: {path} is incomplete (an interrupted or crashed run, "
+              f"{len(report['cells'])} cells finished): this comparison is not clean", file=sys.stderr)
+    return 1 if incomplete or any(c.kind == "regressed" for c in changes) else 0

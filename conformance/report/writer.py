@@ -2,9 +2,13 @@
 the run crashes), and the final JSON report assembled from it at the end of the session.
 
 Enabled with `--shardcheck-report PATH` (what `shardcheck run` passes). The cells go to PATH + "l"
-(`report.json` -> `report.jsonl`): a "header" line, one "cell" line per finished cell, and a "footer"
-line when the session ends. `assemble(jsonl)` rebuilds the report from the lines alone (also
-`shardcheck report assemble`), so an interrupted run still yields one, marked `complete: false`.
+(`report.json` -> `report.jsonl`): a "header" line, a "collected" line with the number of cells the
+session will run, one "cell" line per finished cell, an "interrupted" line the moment a Ctrl-C
+reaches pytest, and a "footer" line when the session ends. `assemble(jsonl)` rebuilds the report
+from the lines alone (also `shardcheck report assemble`). A report is `complete` only when every
+collected cell has its line and nothing says the run was stopped: however the signals fall (a
+second Ctrl-C inside pytest's own interrupt handling leaves it an exit status of 0), a run that
+finished fewer cells than it collected is never complete.
 
 Under pytest-xdist the controller writes the report: the workers' reports are replayed on it, so
 everything a cell needs travels in `report.user_properties` (JSON-able values only).
@@ -20,8 +24,6 @@ The report is schema version 3 (conformance.report.compact: cells as short rows)
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
-import io
 import json
 import math
 import os
@@ -35,6 +37,7 @@ import pytest
 from conformance.protocol.outcomes import BAD, outcome_of
 from conformance.report import compact, coverage, reading, texts
 from conformance.report.reading import SCHEMA_VERSION
+from conformance.report.stream import StreamError, lock_stream, stream_path, unwritable  # callers reach them here too
 from conformance.report.texts import KNOWN_FAILURE_LIMIT, MESSAGE_LIMIT, bounded
 
 HEAD = ("suite", "started", "implementations", "target", "finished", "duration_s", "complete", "exit_status")
@@ -106,85 +109,6 @@ def _message(report, outcome: str) -> str:
     return ""
 
 
-class StreamError(ValueError):
-    """A JSON-lines file that holds no report (empty, no header, not UTF-8): one line."""
-
-
-def stream_path(path: Path) -> Path:
-    """Where the cells of the report at `path` stream: `r.json` -> `r.jsonl`."""
-    return path.with_name(path.name + "l")
-
-
-def unwritable(path: Path, stream: bool = True) -> str | None:
-    """Why the report cannot be written at `path` (one line), or None. Creates its folder; opens both
-    files for appending (and removes those it created): permission bits do not stop root. A stream
-    another live run holds (lock_stream) is refused too; `stream=False`: the report alone."""
-    paths = (path, stream_path(path)) if stream else (path,)
-    for p in paths:
-        if p.is_dir():
-            return f"{p} is a directory"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for p in paths:
-            existed = p.exists()
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the close
-            except BlockingIOError:
-                return f"{p}: another shardcheck run is writing this report; give this run another path"
-            finally:
-                os.close(fd)
-            if not existed:
-                p.unlink()
-    except (FileExistsError, NotADirectoryError):  # a file where a folder should be
-        return f"{next(p for p in reversed(path.parents) if p.is_file())}: not a directory"
-    except OSError as exc:
-        return f"{exc.filename or path}: {exc.strerror}"
-    return None
-
-
-_LOCKED: set[int] = set()  # fds of the streams this process holds locked
-
-
-def _unlock_in_child() -> None:
-    """A forked child (a rank, a pool worker) closes its copies of the locked fds: the lock stays
-    with the run's process alone, and dies with it even when ranks outlive it."""
-    for fd in _LOCKED:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _LOCKED.clear()
-
-
-os.register_at_fork(after_in_child=_unlock_in_child)
-
-
-def lock_stream(lines: Path):
-    """The JSON-lines file opened for writing under an exclusive lock (fcntl.flock), emptied;
-    StreamError when another live run holds it. Close the returned file to release the lock."""
-    fd = os.open(lines, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StreamError(f"{lines}: another shardcheck run is writing this report; "
-                          "give this run another -o/--shardcheck-report path") from None
-    os.ftruncate(fd, 0)
-    _LOCKED.add(fd)
-    return _LockedStream(fd)
-
-
-class _LockedStream(io.TextIOWrapper):
-    def __init__(self, fd: int):
-        super().__init__(io.FileIO(fd, "a"), line_buffering=True)
-        self._fd = fd
-
-    def close(self) -> None:
-        _LOCKED.discard(self._fd)
-        super().close()
-
-
 class ReportWriter:
     def __init__(self, config, path: Path):
         self.config, self.path = config, path
@@ -194,6 +118,23 @@ class ReportWriter:
 
     def pytest_sessionstart(self, session):  # every plugin is configured by now
         self._append({"kind": "header", **self.header()})
+        self.collected = None
+
+    def pytest_collection_finish(self, session):  # a plain session (xdist's controller collects nothing)
+        self._collected(len(session.items))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):  # every worker collects the same cells
+        self._collected(len(ids))
+
+    def _collected(self, count: int) -> None:
+        if self.collected is None:
+            self.collected = count
+            self._append({"kind": "collected", "count": count})
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        """Said at once: a second Ctrl-C may cut pytest's own handling short, footer included."""
+        self._append({"kind": "interrupted"})
 
     def _append(self, entry: dict) -> None:
         self.stream.write(json.dumps(entry) + "\n")
@@ -292,10 +233,11 @@ def rewrite(report: dict, full_text: str | None) -> dict:
 
 def assemble(lines: Path, report: Path | None = None) -> dict:
     """The report from a JSON-lines file; `complete` only when the session wrote its footer, was not
-    stopped early (-x, Ctrl-C) and no line was cut short. A killed run's `finished` is the time of
-    its last line, its `exit_status` null. `full_text` names `lines` from the folder of `report`
-    (default: beside it)."""
+    stopped early (-x, Ctrl-C), no line was cut short, and every collected cell finished. A killed
+    run's `finished` is the time of its last line, its `exit_status` null. `full_text` names `lines`
+    from the folder of `report` (default: beside it)."""
     header, footer, cells, explore, torn = None, None, {}, [], False
+    collected, interrupted = None, False
     try:
         text = lines.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -321,6 +263,10 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
                 cells[entry["nodeid"]] = entry
         elif kind == "explore":
             explore.append(entry)
+        elif kind == "collected":
+            collected = entry.get("count")
+        elif kind == "interrupted":
+            interrupted = True
     if header is None:
         raise StreamError(f"{lines}: not a shardcheck stream: "
                           + ("empty" if not text.strip() else "no header line (a run writes one first)"))
@@ -333,10 +279,20 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
         finished = dt.datetime.fromtimestamp(lines.stat().st_mtime, dt.timezone.utc)
     started = dt.datetime.fromisoformat(header.get("started", finished.isoformat()))
     head = {**header, "finished": finished.isoformat(), "duration_s": (finished - started).total_seconds(),
-            "complete": footer is not None and not footer.get("interrupted") and not torn,
-            "exit_status": footer["exit_status"] if footer else None}
+            "complete": (footer is not None and not footer.get("interrupted") and not interrupted and not torn
+                         and (collected is None or len(cells) >= collected)),
+            "exit_status": _exit_status(footer, interrupted or (collected is not None and len(cells) < collected))}
     folder = (report or lines).absolute().parent
     return compose(head, list(cells.values()), os.path.relpath(lines.absolute(), folder), explore)
+
+
+def _exit_status(footer: dict | None, stopped: bool) -> int | None:
+    """The session's exit status; pytest's INTERRUPTED for a session stopped short (a Ctrl-C seen, or
+    fewer cells finished than collected) whose footer says 0 (a second Ctrl-C inside pytest's handling
+    of the first leaves its status at 0); None without a footer (killed)."""
+    if footer is None:
+        return None
+    return int(pytest.ExitCode.INTERRUPTED) if stopped and footer["exit_status"] == 0 else footer["exit_status"]
 
 
 def write(report: dict, path: Path) -> None:

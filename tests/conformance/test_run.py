@@ -81,7 +81,7 @@ def test_failed_cell_fails_the_run_and_xdist_workers_make_one_report(tmp_path):
     assert re.search(r"comm_hooks +│ +1 │ +1 │ +2 │", proc.stdout), proc.stdout  # families x outcomes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.jsonl"]  # no per-worker report
     kinds = [entry["kind"] for entry in _lines(tmp_path / "x.jsonl")]
-    assert kinds == ["header", "cell", "cell", "footer"]  # both workers' cells, streamed by the controller
+    assert kinds == ["header", "collected", "cell", "cell", "footer"]  # both workers' cells, streamed by the controller
     report = reading.load(out)
     cells = {c["check"]: c for c in report["cells"]}
     assert {c: cells[c]["outcome"] for c in cells} == {"test_default_communication_hook_behavior": "passed",
