@@ -41,11 +41,10 @@ def run(body, world_size: int = 2, timeout_s: float = 30.0) -> dict[int, str]:
         ctx = mp.start_processes(_rank, args=(body, world_size, folder, timeout_s), nprocs=world_size,
                                  join=False, start_method="fork")
         deadline = time.monotonic() + timeout_s + 5  # past the gloo timeout: a blocked rank raises first
-        try:
-            while not ctx.join(timeout=0.5) and time.monotonic() < deadline:
-                pass
-        except (mp.ProcessRaisedException, mp.ProcessExitedException):  # a rank raised, or died (a signal)
-            pass
+        # Each rank is waited for on its own: ProcessContext.join terminates every other rank as soon as
+        # one exits non-zero, which could kill a rank before it wrote its result (seen: "hung").
+        while any(p.is_alive() for p in ctx.processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
