@@ -45,6 +45,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import platform
+import re
 import signal
 import subprocess
 import sys
@@ -67,7 +69,9 @@ def _run(args, passthrough: list[str]) -> int:
               file=sys.stderr)
         return 4
     stamp = f"{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"  # two runs in one second: two files
-    out = Path(args.output or f"reports/local/{'+'.join(args.impl or ['reference'])}-{args.backend}-{stamp}.json")
+    # a file name any filesystem and shell takes: pkg.mod:Cls -> pkg.mod_Cls, torch-fsdp1[flat] -> torch-fsdp1_flat_
+    named = re.sub(r"[^\w.+-]", "_", "+".join(args.impl or ["reference"]))
+    out = Path(args.output or f"reports/local/{named}-{args.backend}-{stamp}.json")
     from conformance.report import writer as reporting
     from harness.launcher import detect
 
@@ -254,6 +258,19 @@ def _percent(text: str) -> float:
     return value
 
 
+def _versions() -> str:
+    """One line: shardcheck's, the installed torch's and Python's versions (torch is not imported)."""
+    from importlib import metadata
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"shardcheck {installed('shardcheck')} (torch {installed('torch')}, Python {platform.python_version()})"
+
+
 def _add_matrix_and_diff(sub) -> None:
     matrix = sub.add_parser("matrix", help="families x implementations table from reports (Markdown, HTML)")
     matrix.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports to merge")
@@ -291,6 +308,9 @@ def _simulate(args, extra: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # answered before the subcommands' parsers, which import torch for their help
+        print(_versions())
+        return 0
     full_argv = list(argv)
     passthrough = []
     if "--" in argv:
@@ -298,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         argv, passthrough = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(prog="shardcheck", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_versions(),
+                        help="shardcheck's, torch's and Python's versions, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the conformance matrix and write a JSON report")
     run.add_argument("--impl", action="append", type=_impl_name,

@@ -13,6 +13,13 @@ Only a few ranks are simulated: shard ranks fall into a handful of *classes* tha
 last replica, are simulated and the rest of the world is checked by arithmetic
 (``verdicts.every_rank_by_class``).
 """
-from .runner import default_ranks, human_summary, simulate, simulate_rank
-
 __all__ = ["simulate", "simulate_rank", "default_ranks", "human_summary"]
+
+
+def __getattr__(name: str):
+    """The runner's names, imported on first use: `shardcheck --help` must not import torch."""
+    if name in __all__:
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

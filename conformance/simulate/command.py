@@ -48,7 +48,12 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     from conformance.adapters import UnknownAdapter
+    from conformance.report.stream import unwritable
 
+    problem = unwritable(Path(args.output), stream=False) if args.output else None
+    if problem:  # said before the simulation, not after it
+        print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
+        return 2
     from . import runner, trainers
     from .impls import SIMULATORS
 

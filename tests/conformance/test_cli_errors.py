@@ -147,3 +147,28 @@ os._exit(0)
         reporting.lock_stream(tmp_path / "r.jsonl").close()  # free: the rank does not hold it
     finally:
         __import__("os").kill(rank, 9)
+
+
+def test_simulate_to_an_unwritable_path_is_one_line_before_the_simulation(tmp_path):
+    (tmp_path / "afile").write_text("")
+    proc = _run("simulate", "--impl", "reference", "--world-size", "8", "--model", "tiny",
+                "-o", str(tmp_path / "afile" / "s.json"))
+    line = _one_line_error(proc, "-o/--output", "not a directory")
+    assert "simulate" not in proc.stdout and line.startswith("shardcheck: ")  # nothing simulated first
+
+
+def test_version_names_shardcheck_torch_and_python_without_importing_torch():
+    proc = subprocess.run([*SHARDCHECK, "--version"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPROFILEIMPORTTIME": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("shardcheck 0.1.0 (torch 2.") and "Python 3." in proc.stdout, proc.stdout
+    assert "| torch\n" not in proc.stderr  # -X importtime: torch never imported
+
+
+def test_default_report_names_hold_no_colon_or_bracket(tmp_path):
+    adapter = "conformance.examples.allreduce_engine:AllReduceAdapter"
+    proc = warm_python.run([*SHARDCHECK[1:], "run", "--impl", adapter, "--impl", "torch-fsdp1[flat]", *ONE_CELL],
+                           cwd=tmp_path, timeout=300)
+    (report,) = (tmp_path / "reports" / "local").glob("*.json")
+    assert report.name.startswith("conformance.examples.allreduce_engine_AllReduceAdapter+torch-fsdp1_flat_-gloo-"), \
+        proc.stdout + proc.stderr
