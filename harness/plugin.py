@@ -49,6 +49,11 @@ def _started() -> bool:
 _parser = []  # kept for `-n gpus` when pytest-xdist registers after this plugin
 
 
+# A test body's deadline when nothing else gives one: a hang costs this much, and a conformance
+# cell's slowest honest run (an engine's cell at world size 4 on 2 loaded cores) is some 20 s.
+RANK_TIMEOUT_S = 120.0
+
+
 def pytest_addoption(parser):
     _parser[:] = [parser]
     xdist_support.teach_gpus(parser)
@@ -63,9 +68,10 @@ def pytest_addoption(parser):
                     choices=LAUNCHES,
                     help="pool: persistent rank processes reused across tests (default); "
                          "spawn: fresh processes for every test.")
-    group.addoption("--shardcheck-rank-timeout", dest="shardcheck_rank_timeout", type=float, default=300.0,
+    group.addoption("--shardcheck-rank-timeout", dest="shardcheck_rank_timeout", type=float,
+                    default=RANK_TIMEOUT_S,
                     help="per-test deadline in seconds when neither @distributed(timeout=) nor "
-                         "pytest-timeout gives one (default 300).")
+                         f"pytest-timeout gives one (default {RANK_TIMEOUT_S:g}).")
     group.addoption("--shardcheck-world-sizes", dest="shardcheck_world_sizes", default=None,
                     help="comma-separated world sizes to keep, e.g. 2,4 (others are deselected).")
     parser.addini("rank_preload", type="linelist", default=[],

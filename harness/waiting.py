@@ -50,7 +50,8 @@ def unfinished(rank: int, stack: str, results: dict[int, RankResult], timeout: f
         root = min(failed, key=root_first)
         why = f"was still running {FAILURE_GRACE_S:g} s after rank {root.rank} failed; stopped"
     else:
-        why = f"did not finish within the {timeout:g} s deadline (hang?)"
+        why = (f"did not finish within the {timeout:g} s deadline (hang?); a slow test raises it with "
+               f"@distributed(timeout=), --shardcheck-rank-timeout (shardcheck run --rank-timeout)")
     return RankResult(rank, "failed", f"rank {rank}{label} {why}.\nIts Python stack:\n{stack}",
                       stopped=bool(failed))
 

@@ -99,6 +99,8 @@ def _run(args, passthrough: list[str]) -> int:
         argv += [f"--shardcheck-world-sizes={args.world_sizes}"]
     if args.k:
         argv += ["-k", args.k]
+    if args.rank_timeout:
+        argv += [f"--shardcheck-rank-timeout={args.rank_timeout:g}"]
     workers = workers_for(args, launch, passthrough) if args.workers == "auto" else args.workers
     if workers:
         argv += ["-n", str(workers)]
@@ -328,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--world-sizes", type=_world_sizes, help="comma-separated world sizes to keep, e.g. 2,4")
     run.add_argument("--family", help=f"comma-separated check families: {', '.join(FAMILIES)}")
     run.add_argument("-k", help="pytest -k expression selecting cells")
+    run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
+                     help="a cell's deadline: a rank still running then fails the cell with its stack "
+                          "(default 120; the pytest option --shardcheck-rank-timeout)")
     run.add_argument("-o", "--output",
                      help="report path (default reports/local/<impl>-<backend>-<time>-<pid>.json)")
     run.add_argument("--min-coverage", type=_percent, default=0.0, metavar="PCT",
