@@ -20,18 +20,16 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    from .impls import SIMULATORS
-    from .presets import PRESETS
-    from .runner import STEP_MODES
+    from .options import LAYOUT_CHECKED, PRESETS, STEP_MODES
 
     p = sub.add_parser("simulate", help="check shard shapes, bytes per rank and collectives at a large "
                                         "world size, in one process (fake process group, meta tensors)")
     p.add_argument("--impl", default="reference",
-                   help=f"any registered implementation (default reference); {', '.join(SIMULATORS)} are also "
+                   help=f"any registered implementation (default reference); {', '.join(LAYOUT_CHECKED)} are also "
                         "checked parameter by parameter")
     p.add_argument("--trainer", action="store_true",
                    help="simulate through the implementation's trainer (the default for all but "
-                        f"{', '.join(SIMULATORS)}): memory by kind and traffic against FULL_SHARD's promise")
+                        f"{', '.join(LAYOUT_CHECKED)}): memory by kind and traffic against FULL_SHARD's promise")
     p.add_argument("--world-size", type=int, required=True, help="simulated world size, e.g. 1024")
     p.add_argument("--mesh", metavar="RxS",
                    help="2-D (replicate, shard) mesh with R * S = world size, e.g. 128x128: HYBRID_SHARD "

@@ -17,6 +17,7 @@ from conformance import adapters
 from conformance.protocol import ShardSpec
 
 from . import expected as E
+from .options import LAYOUT_CHECKED
 from conformance.measure.traffic import CollectiveCounter
 
 
@@ -121,6 +122,7 @@ class TorchFSDP2Sim:
 
 
 SIMULATORS = {s.name: s for s in (ReferenceSim, TorchFSDP2Sim)}
+assert tuple(SIMULATORS) == LAYOUT_CHECKED, "options.LAYOUT_CHECKED names these simulators for --help"
 
 
 def simulator(name: str):

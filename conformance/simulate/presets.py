@@ -15,32 +15,11 @@ out).  ``llama-tiny``: the same architecture small and odd (GQA 4 query / 2 kv h
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class Preset:
-    layers: int
-    d_model: int
-    heads: int
-    ffn: int
-    vocab: int
-    seq: int = 8
-    batch: int = 1
-    arch: str = "gpt"  # "gpt" (Block) or "llama" (LlamaBlock)
-    kv_heads: int = 0  # llama: key/value heads (grouped-query attention)
-
-
-PRESETS = {
-    "tiny": Preset(layers=2, d_model=24, heads=2, ffn=37, vocab=101),
-    "transformer-1b": Preset(layers=24, d_model=2048, heads=16, ffn=5461, vocab=32000),
-    "llama-tiny": Preset(layers=3, d_model=24, heads=4, ffn=37, vocab=101, arch="llama", kv_heads=2),
-    "llama3-405b": Preset(layers=126, d_model=16384, heads=128, ffn=53248, vocab=128256, arch="llama", kv_heads=8),
-}
+from .options import PRESETS, Preset
 
 
 class Block(nn.Module):

@@ -17,6 +17,7 @@ from . import verdicts
 from .expected import Mesh, describe_ranks, expected_row, rank_classes, representative_ranks, units_of
 from .fake_group import fake_world
 from .impls import simulator
+from .options import STEP_MODES
 from .presets import build
 
 
@@ -76,7 +77,6 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, step: 
     }
 
 
-STEP_MODES = ("classes", "all", "first", "none")  # on which simulated ranks one training step runs
 
 
 def _step_ranks(step: str, ranks: list[int], classes, mesh: Mesh) -> list[int]:
