@@ -34,6 +34,10 @@ class UnknownAdapter(LookupError):
     pass
 
 
+class AdapterImportError(UnknownAdapter):
+    """An adapter whose module raised while it was imported (a SyntaxError, a ValueError, ...)."""
+
+
 def available() -> dict[str, str]:
     found = dict(BUILTIN)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -82,6 +86,10 @@ def load(spec: str) -> Adapter:
         obj = _import(target)
     except (ImportError, AttributeError) as exc:
         raise UnknownAdapter(f"cannot load implementation {spec!r} from {target}: {exc}") from None
+    except Exception as exc:  # the adapter's own module is broken: one line, not pytest's INTERNALERROR
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise AdapterImportError(f"implementation {spec!r}: importing {target} raised "
+                                 f"{type(exc).__name__}: {first}") from None
     if variant is not None:
         known = getattr(obj, "variants", {})
         if variant not in known:

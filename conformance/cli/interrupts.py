@@ -10,9 +10,6 @@ import json
 import signal
 from pathlib import Path
 
-INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a process ended by Ctrl-C
-
-
 @contextlib.contextmanager
 def no_interrupts():
     """Ctrl-C ignored while the run's last words are written: a third one must not cut the report."""

@@ -7,12 +7,13 @@
 runs the conformance matrix through pytest (the checks are pytest tests) and writes a JSON report,
 with a progress bar on a terminal (plain progress lines elsewhere), a families x outcomes table and
 coverage (cells that reached a verdict / cells collected) and conformance (passed / reached) per
-implementation and layer. Exit code: 0 when no cell failed or errored (xfailed and unsupported cells
-do not count) and every implementation's coverage is at least --min-coverage (default 0: off, since
-an implementation without FSDP-style APIs legitimately reaches few api cells; CI should set it), 1
-otherwise; 2 for a usage error of this command (bad option value, unwritable report path, a report
-path another live run writes); 130 for an interrupted run (Ctrl-C, however many: its report says
-complete: false); pytest's codes for its usage errors pass through. Several
+implementation and layer. Exit code (conformance/cli/exit_codes.py): 0 when no cell failed or errored
+(xfailed and unsupported cells do not count) and every implementation's coverage is at least
+--min-coverage (default 0: off, since an implementation without FSDP-style APIs legitimately reaches
+few api cells; CI should set it), 1 otherwise; 2 a bad option value; 3 an output path that cannot be
+written; 4 an unknown name; 5 no cell selected; 6 an adapter module that raised at import; 130
+interrupted (Ctrl-C, however many: its report says complete: false). Bad input is one line on
+stderr, checked before any cell runs, and leaves no file behind. Several
 implementations run on pytest-xdist workers, one per core (`--workers N` sets it, 0 for this
 process alone; one implementation runs in this process unless told). The default report name
 carries the time and the process id, so runs started together never share a file.
@@ -43,6 +44,7 @@ shrinks a new failure to a minimal configuration with a one-line reproducer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -56,6 +58,7 @@ import pytest
 
 from conformance.checks import FAMILIES
 from conformance.cli import explore as explore_command
+from conformance.cli import exit_codes as codes
 from conformance.cli import interrupts
 
 CHECKS = Path(__file__).parents[1] / "checks"
@@ -67,7 +70,7 @@ def _run(args, passthrough: list[str]) -> int:
     if unknown:
         print(f"shardcheck: unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}",
               file=sys.stderr)
-        return 4
+        return codes.UNKNOWN_NAME
     stamp = f"{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"  # two runs in one second: two files
     # a file name any filesystem and shell takes: pkg.mod:Cls -> pkg.mod_Cls, torch-fsdp1[flat] -> torch-fsdp1_flat_
     named = re.sub(r"[^\w.+-]", "_", "+".join(args.impl or ["reference"]))
@@ -79,11 +82,15 @@ def _run(args, passthrough: list[str]) -> int:
     # Checked where the report is written: here, or on a launcher's rank 0 alone (another rank's
     # check would race with rank 0's lock on the stream, or unlink the file rank 0 just created).
     writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
+    _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as `python -m` would
+    refused = _unloadable(args.impl or [])
+    if refused:
+        return refused
+    made = [p for p in out.parents if not p.exists()]  # the run's own folders, deepest first
     problem = reporting.unwritable(out) if writes_report else None
     if problem:
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
-        return 2
-    _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as `python -m` would
+        return codes.UNWRITABLE
     argv = sorted(str(p) for f in families for p in CHECKS.rglob(f"test_{f}*.py"))
     argv += ["-p", "no:cacheprovider", f"--shardcheck-backend={args.backend}",
              f"--shardcheck-report={out}",  # one token: pytest never takes an existing report for a test path
@@ -129,8 +136,33 @@ def _run(args, passthrough: list[str]) -> int:
             print(f"shardcheck: report written to {out}")
     if code == pytest.ExitCode.INTERRUPTED:
         print(f"shardcheck: interrupted{interrupts.completeness(out) if writes_report else ''}", file=sys.stderr)
-        return interrupts.INTERRUPTED
+        return codes.INTERRUPTED
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:
+        for path in (out, reporting.stream_path(out)) if writes_report else ():
+            path.unlink(missing_ok=True)  # a report of no cell says nothing
+        for folder in made if writes_report else ():
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        print("shardcheck: no cell selected: --family, --world-sizes, -k and --impl left none "
+              "(no report written)", file=sys.stderr)
+        return codes.NO_CELL
     return progress.exit_code(code, args.min_coverage)
+
+
+def _unloadable(impls: list[str]) -> int:
+    """Each --impl loaded before pytest starts: an unknown name or a broken adapter module is one
+    line and its own exit status (exit_codes), not a usage error deep in a session. 0: all load."""
+    from conformance import adapters
+
+    for impl in impls:
+        if impl == "all" or "," in impl:
+            continue  # names the selection plugin expands or splits itself
+        try:
+            adapters.load(impl)
+        except adapters.UnknownAdapter as exc:
+            print(f"shardcheck: {exc}", file=sys.stderr)
+            return codes.ADAPTER_IMPORT if isinstance(exc, adapters.AdapterImportError) else codes.UNKNOWN_NAME
+    return 0
 
 
 def _importable_from_cwd() -> None:
@@ -260,6 +292,13 @@ def _percent(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error said in one line (`shardcheck run: argument --x: ...`), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (--help lists the options)\n")
+
+
 def _versions() -> str:
     """One line: shardcheck's, the installed torch's and Python's versions (torch is not imported)."""
     from importlib import metadata
@@ -318,8 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, passthrough = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="shardcheck", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="shardcheck", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_versions(),
                         help="shardcheck's, torch's and Python's versions, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -379,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, extra + passthrough)
     except KeyboardInterrupt:  # a Ctrl-C outside pytest's session: before its first cell, after its report
         print("shardcheck: interrupted", file=sys.stderr)
-        return interrupts.INTERRUPTED
+        return codes.INTERRUPTED
 
 
 def console_main() -> None:
@@ -390,7 +428,7 @@ def console_main() -> None:
         code = main()
     except KeyboardInterrupt:
         print("shardcheck: interrupted", file=sys.stderr)
-        code = interrupts.INTERRUPTED
+        code = codes.INTERRUPTED
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 

@@ -51,7 +51,7 @@ def main(args) -> int:
     problem = unwritable(Path(args.output), stream=False) if args.output else None
     if problem:  # said before the simulation, not after it
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
-        return 2
+        return 3  # conformance.cli.exit_codes.UNWRITABLE
     from . import runner, trainers
     from .impls import SIMULATORS
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import warm_python
+from conformance.cli import exit_codes as codes
 from conformance.cli import main as cli
 from conformance.report import reading
 from conformance.report import writer as reporting
@@ -25,8 +26,8 @@ def _run(*args: str) -> warm_python.Completed:
     return warm_python.run([*SHARDCHECK[1:], *args], cwd=ROOT, timeout=300)  # its own process, started warm
 
 
-def _one_line_error(proc, *words) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+def _one_line_error(proc, *words, code: int = codes.USAGE) -> str:
+    assert proc.returncode == code, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr and "INTERNALERROR" not in proc.stdout, proc.stderr
     assert all(w in lines[0] for w in words), lines[0]
@@ -35,7 +36,7 @@ def _one_line_error(proc, *words) -> str:
 
 
 def test_output_that_is_a_directory_is_one_line_before_any_cell(tmp_path, capsys):
-    assert cli.main(["run", *ONE_CELL, "-o", str(tmp_path)]) == 2  # returns before pytest starts
+    assert cli.main(["run", *ONE_CELL, "-o", str(tmp_path)]) == codes.UNWRITABLE  # returns before pytest starts
     captured = capsys.readouterr()
     assert captured.err == f"shardcheck: -o/--output: cannot write the report: {tmp_path} is a directory\n"
     assert "report written" not in captured.out
@@ -44,7 +45,7 @@ def test_output_that_is_a_directory_is_one_line_before_any_cell(tmp_path, capsys
 def test_unwritable_output_is_one_line_before_any_cell(tmp_path):
     (tmp_path / "file").write_text("")
     _one_line_error(_run("run", *ONE_CELL, "-o", str(tmp_path / "file" / "r.json")), "-o/--output",
-                    "not a directory")
+                    "not a directory", code=codes.UNWRITABLE)
     assert reporting.unwritable(tmp_path / "file" / "r.json") == f"{tmp_path / 'file'}: not a directory"
     assert reporting.unwritable(tmp_path / "ok" / "r.json") is None
     assert list((tmp_path / "ok").iterdir()) == []  # the probe leaves nothing behind
@@ -54,7 +55,8 @@ def test_a_report_another_live_run_writes_is_refused(tmp_path):
     out = tmp_path / "r.json"
     held = reporting.lock_stream(reporting.stream_path(out))  # what a live run's writer holds
     try:
-        _one_line_error(_run("run", *ONE_CELL, "-o", str(out)), "another shardcheck run is writing")
+        _one_line_error(_run("run", *ONE_CELL, "-o", str(out)), "another shardcheck run is writing",
+                        code=codes.UNWRITABLE)
         with pytest.raises(reporting.StreamError, match="another shardcheck run"):
             reporting.lock_stream(reporting.stream_path(out))
     finally:
@@ -65,11 +67,11 @@ def test_a_report_another_live_run_writes_is_refused(tmp_path):
 def test_default_report_names_carry_the_process_id(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reports").write_text("")  # a file where reports/ should be: stops before pytest
-    assert cli.main(["run", *ONE_CELL]) == 2
+    assert cli.main(["run", *ONE_CELL]) == codes.UNWRITABLE
     err = capsys.readouterr().err
     assert err.startswith("shardcheck: -o/--output: cannot write the report: reports: not a directory")
     monkeypatch.setattr(reporting, "unwritable", lambda path: str(path))  # report the name it chose
-    assert cli.main(["run", *ONE_CELL]) == 2
+    assert cli.main(["run", *ONE_CELL]) == codes.UNWRITABLE
     name = capsys.readouterr().err.strip().rsplit("/", 1)[1]
     stamp, pid = name.removeprefix("reference-gloo-").removesuffix(".json").rsplit("-", 1)
     assert pid == str(__import__("os").getpid()) and len(stamp) == len("20260101-000000")
@@ -153,7 +155,7 @@ def test_simulate_to_an_unwritable_path_is_one_line_before_the_simulation(tmp_pa
     (tmp_path / "afile").write_text("")
     proc = _run("simulate", "--impl", "reference", "--world-size", "8", "--model", "tiny",
                 "-o", str(tmp_path / "afile" / "s.json"))
-    line = _one_line_error(proc, "-o/--output", "not a directory")
+    line = _one_line_error(proc, "-o/--output", "not a directory", code=codes.UNWRITABLE)
     assert "simulate" not in proc.stdout and line.startswith("shardcheck: ")  # nothing simulated first
 
 
@@ -174,3 +176,29 @@ def test_default_report_names_hold_no_colon_or_bracket(tmp_path):
     (report,) = (tmp_path / "reports" / "local").glob("*.json")
     assert report.name.startswith("conformance.examples.allreduce_engine_AllReduceAdapter+torch-fsdp1_flat_-gloo-"), \
         proc.stdout + proc.stderr
+
+
+BAD_INPUT = [  # (arguments, exit status, a phrase of the one line on stderr)
+    (["run", "--world-sizes", "0"], codes.USAGE, "not a comma-separated list of positive integers"),
+    (["run", "--family", "nope"], codes.UNKNOWN_NAME, "unknown family nope"),
+    (["run", "--impl", "nope"], codes.UNKNOWN_NAME, "unknown implementation 'nope'"),
+    (["run", "--impl", "torch-fsdp1[nope]"], codes.UNKNOWN_NAME, "has no variant 'nope'"),
+    (["run", "--impl", "broken_adapter:Adapter"], codes.ADAPTER_IMPORT, "raised ValueError: no engine here"),
+    (["run", "--impl", "broken_syntax:Adapter"], codes.ADAPTER_IMPORT, "raised SyntaxError"),
+    (["run", "--world-sizes", "7", *ONE_CELL[:2]], codes.NO_CELL, "no cell selected"),
+    (["run", "-o", "afile/r.json", *ONE_CELL], codes.UNWRITABLE, "not a directory"),
+    (["matrix", "nothere.json"], codes.USAGE, "nothere.json"),
+]
+
+
+@pytest.mark.parametrize("args, code, phrase", BAD_INPUT, ids=[" ".join(a[:3]) for a, _, _ in BAD_INPUT])
+def test_bad_input_is_one_line_its_own_exit_status_and_no_file(tmp_path, args, code, phrase):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "broken_adapter.py").write_text("raise ValueError('no engine here')\n")
+    (tmp_path / "broken_syntax.py").write_text("def adapter(:\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    proc = warm_python.run([*SHARDCHECK[1:], *args], cwd=tmp_path, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code and len(lines) == 1 and phrase in lines[0], (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout and "INTERNALERROR" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*") if "__pycache__" not in str(p)) == before  # nothing left
