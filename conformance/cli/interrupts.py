@@ -10,6 +10,30 @@ import json
 import signal
 from pathlib import Path
 
+class Watch:
+    """Whether a Ctrl-C arrived while `watching()` was on."""
+
+    seen = False
+
+
+@contextlib.contextmanager
+def watching():
+    """Ctrl-C raises KeyboardInterrupt as Python's default handler does, and is remembered: pytest's own
+    handling of one can itself fail (a traceback of a frame caught mid-line), and what escapes then is
+    not a KeyboardInterrupt."""
+    watch = Watch()
+
+    def interrupted(signum, frame):
+        watch.seen = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield watch
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @contextlib.contextmanager
 def no_interrupts():
     """Ctrl-C ignored while the run's last words are written: a third one must not cut the report."""

@@ -121,12 +121,17 @@ def _run(args, passthrough: list[str]) -> int:
 
     progress = RunProgress()
     before = out.stat().st_mtime_ns if out.is_file() else None
-    try:
-        code = pytest.main(argv + passthrough, plugins=[progress])
-    except KeyboardInterrupt:  # a second Ctrl-C inside pytest's own handling of the first
-        code = pytest.ExitCode.INTERRUPTED
-    finally:
-        progress.stop()
+    with interrupts.watching() as watch:
+        try:
+            code = pytest.main(argv + passthrough, plugins=[progress])
+        except KeyboardInterrupt:  # a second Ctrl-C inside pytest's own handling of the first
+            code = pytest.ExitCode.INTERRUPTED
+        except Exception:  # pytest's handling of a Ctrl-C failed in turn (a frame caught mid-line)
+            if not watch.seen:
+                raise
+            code = pytest.ExitCode.INTERRUPTED
+        finally:
+            progress.stop()
     with interrupts.no_interrupts():
         if code == pytest.ExitCode.INTERRUPTED and writes_report:
             interrupts.assemble_if_unwritten(out, before)
