@@ -44,6 +44,8 @@ HERE = Path(__file__).parent
 REQUIRED = {"cells", "reason", "repro", "error"}
 EXPLORE_REQUIRED = {"facts", "error", "reason", "repro"}
 OPTIONAL = {"finding", "torch", "version", "variants"}
+
+
 class ManifestError(ValueError):
     pass
 
