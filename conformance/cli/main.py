@@ -300,6 +300,7 @@ def _simulate(args, extra: list[str]) -> int:
     if extra:
         print(f"shardcheck: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
         return 2
+    _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as run finds it
     return command.main(args)
 
 

@@ -202,3 +202,17 @@ def test_bad_input_is_one_line_its_own_exit_status_and_no_file(tmp_path, args, c
     assert proc.returncode == code and len(lines) == 1 and phrase in lines[0], (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr + proc.stdout and "INTERNALERROR" not in proc.stdout
     assert sorted(p.name for p in tmp_path.rglob("*") if "__pycache__" not in str(p)) == before  # nothing left
+
+
+def test_simulate_finds_an_adapter_in_the_users_folder_as_run_does(tmp_path):
+    """The console script (which, unlike `python -m`, does not put the working folder on the import
+    path) imports `mypkg.adapter:MyAdapter` from the project's folder for simulate as for run."""
+    script = Path(sys.executable).with_name("shardcheck")
+    if not script.exists():
+        pytest.skip(f"no console script beside {sys.executable}")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "adapter.py").write_text("from conformance.adapters.reference import ReferenceAdapter as MyAdapter\n")
+    proc = subprocess.run([str(script), "simulate", "--impl", "mypkg.adapter:MyAdapter", "--world-size", "8",
+                           "--model", "tiny"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
