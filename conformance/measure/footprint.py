@@ -79,9 +79,9 @@ def _gradient_bytes(mem: MemoryTracker, epoch: int) -> int:
     """Gradients wherever the engine keeps them: `.grad` tensors, and the storages born in this step
     that nothing names (no `.grad`, parameter or optimizer state) and that are not gathered
     parameters, still alive after backward."""
-    kinds = mem.kinds()
-    unnamed_new = mem.kinds(born_since=epoch, without_gathered=True)["other"]
-    return kinds["gradients"] + unnamed_new
+    claims = mem.claims()
+    unnamed_new = mem.kinds(born_since=epoch, without_gathered=True, claims=claims)["other"]
+    return mem.kinds(claims=claims)["gradients"] + unnamed_new
 
 
 def traffic_table(counter: CollectiveCounter) -> dict[str, dict]:

@@ -51,7 +51,7 @@ KINDS = ("parameters", "gradients", "optimizer", "other")
 GATHERS = ("all_gather", "allgather", "_allgather", "all_gather_into_tensor")  # op name prefixes
 COPIES = frozenset({  # ops whose outputs hold their inputs' values: gathered in, gathered out
     "copy_", "_to_copy", "clone", "cat", "constant_pad_nd", "split_with_sizes_copy", "narrow_copy",
-    "slice_copy", "view_copy", "_foreach_copy_", "chunk_cat", "index_select", "_unsafe_view", "contiguous"})
+    "slice_copy", "view_copy", "_foreach_copy_", "chunk_cat", "index_select"})
 
 _ACTIVE: set = set()  # trackers entered, in any thread: each hears of every storage resize
 _LOCK = threading.Lock()
@@ -111,8 +111,11 @@ class MemoryTracker(TorchDispatchMode):
         self.sizes[key] = nbytes
         self.peak = max(self.peak, self.live)
         if key in self.gathered:
-            self.gathered_live += delta
-            self.gathered_peak = max(self.gathered_peak, self.gathered_live)
+            self._gathered_by(delta)
+
+    def _gathered_by(self, delta: int) -> None:
+        self.gathered_live += delta
+        self.gathered_peak = max(self.gathered_peak, self.gathered_live)
 
     def _freed(self, key: int, _ref) -> None:
         nbytes = self.sizes.pop(key, 0)
@@ -128,8 +131,7 @@ class MemoryTracker(TorchDispatchMode):
             key = storage_key(plain)
             if key in self.sizes:
                 if key not in self.gathered:
-                    self.gathered_live += self.sizes[key]
-                    self.gathered_peak = max(self.gathered_peak, self.gathered_live)
+                    self._gathered_by(self.sizes[key])
                 self.gathered[key] = self.epoch
 
     def resized(self, storage: torch.UntypedStorage) -> None:
@@ -223,10 +225,22 @@ class MemoryTracker(TorchDispatchMode):
                     torch.UntypedStorage.resize_ = _ORIGINAL_RESIZE
 
     # -- what holds the bytes -----------------------------------------------------------------
-    def kinds(self, born_since: int = 0, without_gathered: bool = False) -> dict[str, int]:
+    def kinds(self, born_since: int = 0, without_gathered: bool = False,
+              claims: dict[int, str] | None = None) -> dict[str, int]:
         """{kind: live bytes} over KINDS (see the module doc); a storage is counted once, under the
         first of optimizer, gradients, parameters that holds it. Only storages born at or after
-        epoch `born_since`, and, with `without_gathered`, none holding gathered bytes."""
+        epoch `born_since`, and, with `without_gathered`, none holding gathered bytes. `claims`:
+        what `claims()` gave, to split the same moment twice with one walk of the heap."""
+        kind_of = self.claims() if claims is None else claims
+        out = dict.fromkeys(KINDS, 0)
+        for key, nbytes in self.sizes.items():
+            if self.born.get(key, 0) >= born_since and not (without_gathered and key in self.gathered):
+                out[kind_of.get(key, "other")] += nbytes
+        return out
+
+    def claims(self) -> dict[int, str]:
+        """{storage key: kind} of the storages Python names as optimizer state, gradients or parameters
+        (a walk of every object the garbage collector tracks)."""
         kind_of: dict[int, str] = {}
 
         def claim(kind, tensors):
@@ -246,8 +260,4 @@ class MemoryTracker(TorchDispatchMode):
             claim("optimizer", [v for state in optimizer.state.values() for v in state.values()])
         claim("gradients", [_grad(t) for t in tensors])
         claim("parameters", [t for t in tensors if issubclass(type(t), nn.Parameter)])
-        out = dict.fromkeys(KINDS, 0)
-        for key, nbytes in self.sizes.items():
-            if self.born.get(key, 0) >= born_since and not (without_gathered and key in self.gathered):
-                out[kind_of.get(key, "other")] += nbytes
-        return out
+        return kind_of
