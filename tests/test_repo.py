@@ -79,15 +79,15 @@ def test_every_tox_environment_installs_its_own_pinned_torch_first():
 
 def test_only_one_module_imports_torch_testing_internal():
     users = [p.relative_to(ROOT).as_posix()
-             for folder in ("harness", "conformance", "reference_impl")
+             for folder in ("shardcheck",)
              for p in (ROOT / folder).rglob("*.py")
              if "torch.testing._internal" in p.read_text()]
-    assert users == ["harness/threads.py"]
+    assert users == ["shardcheck/harness/threads.py"]
 
 
 def test_no_module_over_400_lines():
     long = {p.relative_to(ROOT).as_posix(): n
-            for folder in ("harness", "conformance", "reference_impl")
+            for folder in ("shardcheck",)
             for p in (ROOT / folder).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long
@@ -95,7 +95,7 @@ def test_no_module_over_400_lines():
 
 def _private_uses_of_other_modules(path: Path) -> list[str]:
     """`from ours import _x`, a module path through `_private`, or `module._x` on a module of ours."""
-    ours = ("harness", "conformance", "reference_impl", "tests")
+    ours = ("shardcheck", "tests")
     found, modules = [], set()
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
@@ -125,7 +125,7 @@ def test_no_private_name_is_used_across_modules():
     """One home per idea, used by its public name: nothing imports (or reaches into) another module's
     `_private` names or `_private` modules."""
     uses = {p.relative_to(ROOT).as_posix(): found
-            for folder in ("conformance", "tests")
+            for folder in ("shardcheck", "tests")
             for p in (ROOT / folder).rglob("*.py")
             if (found := _private_uses_of_other_modules(p))}
     assert not uses
@@ -137,7 +137,7 @@ def test_pytest_as_a_console_script_finds_the_packages_not_the_test_folders():
     before an editable install's finder was asked, and no implementation could load."""
     script = Path(sys.executable).parent / "pytest"  # a fresh process: a warm one inherits sys.path
     proc = subprocess.run([str(script), "--co", "-q", "tests/test_repo.py",  # tests/ goes on sys.path
-                           "conformance/checks/api/test_comm_hooks.py", "-k",
+                           "shardcheck/conformance/checks/api/test_comm_hooks.py", "-k",
                            "default_communication_hook_behavior and ws2"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

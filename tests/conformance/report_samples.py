@@ -3,12 +3,12 @@ schema version, and two runs of two implementations."""
 
 import json
 
-from conformance.report import reading
-from conformance.report import writer as reporting
+from shardcheck.conformance.report import reading
+from shardcheck.conformance.report import writer as reporting
 
 
 def cell(impl, check, outcome, family="clip_grad", params="ws2-FULL_SHARD", message=""):
-    return {"nodeid": f"conformance/checks/test_{family}.py::{check}[{impl}-{params}]", "phase": "call",
+    return {"nodeid": f"shardcheck/conformance/checks/test_{family}.py::{check}[{impl}-{params}]", "phase": "call",
             "outcome": outcome, "family": family, "check": check, "impl": impl, "world_size": 2,
             "params": {"world_size": 2}, "duration_s": 0.01, "message": message,
             "rank_outcomes": {"0": "passed", "1": "passed"}, "max_abs_err": 0.0, "max_rel_err": None,

@@ -1,4 +1,4 @@
-"""The guide's worked example (conformance/examples/allreduce_engine.py) is a working adapter: an engine that
+"""The guide's worked example (shardcheck/conformance/examples/allreduce_engine.py) is a working adapter: an engine that
 owns its step reaches the behaviour cells it declares and passes them; a broken copy of it fails."""
 
 from pathlib import Path
@@ -6,11 +6,11 @@ from pathlib import Path
 import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = "conformance.examples.allreduce_engine:AllReduceAdapter"
+EXAMPLE = "shardcheck.conformance.examples.allreduce_engine:AllReduceAdapter"
 
 
 def _run(impl: str, *extra: str):
-    return warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
+    return warm_python.run(["-m", "pytest", "shardcheck/conformance/checks/behaviour/test_train_parity.py",
                             "--shardcheck-impl", impl, "--shardcheck-world-sizes", "2", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
                             "-k", "NO_SHARD and (norm2 or noclip)", *extra], cwd=ROOT, timeout=600)
 
@@ -23,7 +23,7 @@ def test_example_adapter_passes_what_it_declares():
 
 def test_example_adapter_that_forgets_to_average_fails(tmp_path):
     (tmp_path / "summing_engine.py").write_text(
-        "from conformance.examples import allreduce_engine as e\n"
+        "from shardcheck.conformance.examples import allreduce_engine as e\n"
         "class Summing(e.AllReduceEngine):\n"
         "    def backward(self, loss):\n"
         "        loss.backward()\n"
@@ -32,7 +32,7 @@ def test_example_adapter_that_forgets_to_average_fails(tmp_path):
         "            dist.all_reduce(p.grad, group=self.group)  # summed, never divided\n"
         "e.AllReduceEngine = Summing\n"
         "Adapter = e.AllReduceAdapter\n")
-    proc = warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py",
+    proc = warm_python.run(["-m", "pytest", "shardcheck/conformance/checks/behaviour/test_train_parity.py",
                             "--shardcheck-impl", "summing_engine:Adapter", "--shardcheck-world-sizes", "2", "-q", "-o", "addopts=",
                             "-p", "no:cacheprovider", "-k", "NO_SHARD and noclip and uneven_mlp"],
                            cwd=ROOT, timeout=600, env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"})

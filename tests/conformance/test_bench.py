@@ -1,10 +1,10 @@
-"""conformance.bench's bookkeeping: what a sample of a rank counts as, and how the wall time is split."""
+"""shardcheck.conformance.bench's bookkeeping: what a sample of a rank counts as, and how the wall time is split."""
 
 import json
 import sys
 
-from conformance import bench
-from harness import run
+from shardcheck.conformance import bench
+from shardcheck.harness import run
 
 
 def full_grads(ctx):  # named like the adapter call a check makes: a comparison

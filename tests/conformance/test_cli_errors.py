@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 import warm_python
-from conformance.cli import exit_codes as codes
-from conformance.cli import main as cli
-from conformance.report import reading
-from conformance.report import writer as reporting
+from shardcheck.conformance.cli import exit_codes as codes
+from shardcheck.conformance.cli import main as cli
+from shardcheck.conformance.report import reading
+from shardcheck.conformance.report import writer as reporting
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARDCHECK = [sys.executable, "-m", "conformance.cli"]
+SHARDCHECK = [sys.executable, "-m", "shardcheck.conformance.cli"]
 ONE_CELL = ("--family", "comm_hooks", "--world-sizes", "2", "-k", "default_communication_hook_behavior and NO_SHARD")
 
 
@@ -133,7 +133,7 @@ def test_the_lock_dies_with_the_run_even_when_a_forked_rank_lives_on(tmp_path):
     code = f"""
 import os, time
 from pathlib import Path
-from conformance.report import writer
+from shardcheck.conformance.report import writer
 stream = writer.lock_stream(Path({str(tmp_path / 'r.jsonl')!r}))
 child = os.fork()
 if child == 0:
@@ -170,11 +170,11 @@ def test_version_and_help_do_not_import_torch(args):
 
 
 def test_default_report_names_hold_no_colon_or_bracket(tmp_path):
-    adapter = "conformance.examples.allreduce_engine:AllReduceAdapter"
+    adapter = "shardcheck.conformance.examples.allreduce_engine:AllReduceAdapter"
     proc = warm_python.run([*SHARDCHECK[1:], "run", "--impl", adapter, "--impl", "torch-fsdp1[flat]", *ONE_CELL],
                            cwd=tmp_path, timeout=300)
     (report,) = (tmp_path / "reports" / "local").glob("*.json")
-    assert report.name.startswith("conformance.examples.allreduce_engine_AllReduceAdapter+torch-fsdp1_flat_-gloo-"), \
+    assert report.name.startswith("shardcheck.conformance.examples.allreduce_engine_AllReduceAdapter+torch-fsdp1_flat_-gloo-"), \
         proc.stdout + proc.stderr
 
 
@@ -212,7 +212,7 @@ def test_simulate_finds_an_adapter_in_the_users_folder_as_run_does(tmp_path):
         pytest.skip(f"no console script beside {sys.executable}")
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
-    (tmp_path / "mypkg" / "adapter.py").write_text("from conformance.adapters.reference import ReferenceAdapter as MyAdapter\n")
+    (tmp_path / "mypkg" / "adapter.py").write_text("from shardcheck.conformance.adapters.reference import ReferenceAdapter as MyAdapter\n")
     proc = subprocess.run([str(script), "simulate", "--impl", "mypkg.adapter:MyAdapter", "--world-size", "8",
                            "--model", "tiny"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

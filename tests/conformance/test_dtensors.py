@@ -8,8 +8,8 @@ import torch
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from conformance.adapters.dtensors import full_tensors
-from harness import distributed
+from shardcheck.conformance.adapters.dtensors import full_tensors
+from shardcheck.harness import distributed
 
 
 @distributed(world_size=[2, 3, 4])

@@ -1,4 +1,4 @@
-"""`shardcheck explore` (conformance/explore/): drawn configurations, their JSON form, manifest
+"""`shardcheck explore` (shardcheck/conformance/explore/): drawn configurations, their JSON form, manifest
 matching, and end to end with a fixed seed: the FSDP2 empty-shard inf-norm failure (F9) rediscovered
 and shrunk unaided, a mutant that only explore kills, replay of a finding.
 
@@ -19,11 +19,11 @@ import pytest
 import warm_python
 from hypothesis import HealthCheck, given, settings
 
-from conformance.adapters import load
-from conformance.explore import findings, strategies
-from conformance.explore.config import Config, dumps, from_json, loads, to_json
-from conformance.explore.run import Outcome, signature
-from conformance.explore.search import Limits, explore
+from shardcheck.conformance.adapters import load
+from shardcheck.conformance.explore import findings, strategies
+from shardcheck.conformance.explore.config import Config, dumps, from_json, loads, to_json
+from shardcheck.conformance.explore.run import Outcome, signature
+from shardcheck.conformance.explore.search import Limits, explore
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_CAPS = load("reference").capabilities
@@ -94,7 +94,7 @@ def test_rediscovers_fsdp2_inf_norm_on_empty_shard():
 
 def _explore_cli(*args: str, tmp_path: Path):
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    return warm_python.run(["-m", "conformance.cli", "explore", *args, "-o", str(tmp_path / "r.json")],
+    return warm_python.run(["-m", "shardcheck.conformance.cli", "explore", *args, "-o", str(tmp_path / "r.json")],
                            cwd=ROOT, env=env, timeout=600)
 
 
@@ -103,7 +103,7 @@ def test_explore_kills_a_mutant_the_fixed_matrix_misses(tmp_path):
     HYBRID_SHARD mesh (every cell of `shardcheck run` passes), and wrong on every other: explore
     draws (1, 2) and (2, 1) meshes and finds it; the unmutated reference passes the same search."""
     args = ("--world-sizes", "2", "--examples", "12", "--shrink", "0", "--max-findings", "1", "--seed", "0")
-    mutant = _explore_cli("--impl", "conformance.mutants:HybridShardSizeSquared", *args, tmp_path=tmp_path)
+    mutant = _explore_cli("--impl", "shardcheck.conformance.mutants:HybridShardSizeSquared", *args, tmp_path=tmp_path)
     assert mutant.returncode == 1, mutant.stdout + mutant.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     [run] = report["explore"]
@@ -116,7 +116,7 @@ def test_explore_kills_a_mutant_the_fixed_matrix_misses(tmp_path):
 def test_replay_runs_a_finding_file(tmp_path, capsys):
     """A finding file replays: F9's minimal configuration fails on torch-fsdp2 (exit 1), passes on
     the reference (exit 0)."""
-    from conformance.cli.main import main
+    from shardcheck.conformance.cli.main import main
 
     config = Config(world_size=2, widths=(1, 1), bias=(False,), max_norm=1.0, norm_type=math.inf, steps=1)
     finding = findings.Finding("torch-fsdp2", 0, config, "RuntimeError: ...", "")
@@ -136,6 +136,6 @@ MATRIX_KILLED = ("ClipLocalNorm", "ScalerFoundInfUnsynced", "GradNotAveraged", "
 @pytest.mark.parametrize("mutant", MATRIX_KILLED)
 def test_explore_kills_behaviour_mutants(mutant, tmp_path):
     """Every behaviour-level mutant the fixed matrix kills, explore kills too (seed 0)."""
-    run = _explore_cli("--impl", f"conformance.mutants:{mutant}", "--examples", "150", "--shrink", "0",
+    run = _explore_cli("--impl", f"shardcheck.conformance.mutants:{mutant}", "--examples", "150", "--shrink", "0",
                        "--seed", "0", tmp_path=tmp_path)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]

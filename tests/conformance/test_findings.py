@@ -17,7 +17,7 @@ import pytest
 import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTATIONS = ROOT / "conformance" / "expectations"
+EXPECTATIONS = ROOT / "shardcheck" / "conformance" / "expectations"
 REPROS = EXPECTATIONS / "repros"
 FINDINGS = (EXPECTATIONS / "FINDINGS.md").read_text()
 SCRIPTS = sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
@@ -55,7 +55,7 @@ def test_every_manifest_entry_has_a_repro_script_and_a_documented_finding(entry)
 
 def test_findings_cite_existing_scripts_and_no_throwaway_path():
     assert "/tmp" not in FINDINGS
-    cited = set(re.findall(r"conformance/expectations/repros/[\w.]+\.py", FINDINGS))
+    cited = set(re.findall(r"shardcheck/conformance/expectations/repros/[\w.]+\.py", FINDINGS))
     assert cited == {str(p.relative_to(ROOT)) for p in SCRIPTS}  # every script cited, none missing
     without = [f for f, text in _sections().items() if "repros/" not in text]
     assert without == [], without  # every finding cites its reproduction

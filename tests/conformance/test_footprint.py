@@ -1,4 +1,4 @@
-"""The family sharding's instruments (conformance/measure/): the memory tracker counts what was
+"""The family sharding's instruments (shardcheck/conformance/measure/): the memory tracker counts what was
 allocated under it exactly (frees, views, in-place results, FSDP's storage resize, DTensor's inner
 tensors, storages from before never), splits it by kind; the collective counter's bytes sent follow
 the ring formula; the promises fail a replicating footprint and pass a sharded one, naming numbers."""
@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from conformance.measure import promises
-from conformance.measure.footprint import traffic_table
-from conformance.measure.memory import MemoryTracker
-from conformance.measure.traffic import Collective, CollectiveCounter
-from harness import distributed
+from shardcheck.conformance.measure import promises
+from shardcheck.conformance.measure.footprint import traffic_table
+from shardcheck.conformance.measure.memory import MemoryTracker
+from shardcheck.conformance.measure.traffic import Collective, CollectiveCounter
+from shardcheck.harness import distributed
 
 KB = 1024
 
@@ -199,7 +199,7 @@ def _cell(impl, ws, strategy, held):
 
 
 def test_the_matrix_shows_memory_per_rank_against_world_size():
-    from conformance.report import footprints
+    from shardcheck.conformance.report import footprints
 
     cells = dict(_cell(impl, ws, "FULL_SHARD", held) for impl, ws, held in
                  (("a", 1, 100), ("a", 2, 50), ("a", 4, 25), ("b", 2, 100), ("b", 4, 100)))
@@ -220,16 +220,16 @@ class ReplicatingFullShard:
     capabilities = frozenset({"full_shard"})
 
     def trainer(self, model, spec, recipe):
-        from conformance.adapters.reference import ReferenceAdapter
-        from conformance.protocol import ShardSpec
+        from shardcheck.conformance.adapters.reference import ReferenceAdapter
+        from shardcheck.conformance.protocol import ShardSpec
 
         return ReferenceAdapter().trainer(model, ShardSpec(strategy="NO_SHARD", mesh=spec.mesh), recipe)
 
 
 def test_simulate_any_adapter_through_its_trainer_at_a_large_world_size():
-    """simulate's trainer path (conformance/simulate/trainers.py) at 256 ranks on the fake group:
+    """simulate's trainer path (shardcheck/conformance/simulate/trainers.py) at 256 ranks on the fake group:
     FSDP2 holds about 1/256 of unsharded training; the replicating liar holds all of it."""
-    from conformance.simulate import trainers
+    from shardcheck.conformance.simulate import trainers
 
     honest = trainers.simulate_rank("torch-fsdp2", 256, "tiny", 255)
     held = honest["figures"]["rows"]["held between steps"]
@@ -242,7 +242,7 @@ def test_simulate_any_adapter_through_its_trainer_at_a_large_world_size():
 
 
 def test_simulate_hybrid_shard_through_the_trainer_on_a_2d_mesh():
-    from conformance.simulate import trainers
+    from shardcheck.conformance.simulate import trainers
 
     rank = trainers.simulate_rank("torch-fsdp2", 64, "tiny", 63, mesh="2x32")
     figures = rank["figures"]

@@ -1,4 +1,4 @@
-"""The front-end adapters (conformance/adapters/accelerate.py, lightning.py): without their extras the
+"""The front-end adapters (shardcheck/conformance/adapters/accelerate.py, lightning.py): without their extras the
 registry leaves them out with the install command; with them, the documented setups pass a few cells,
 and the setups FINDINGS F27-F30 describe fail them (strict xfails: a fix would fail the run), and a
 user's own Accelerate config file is judged on the cells it matches, the others unsupported."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import warm_python
-from conformance.adapters import every_builtin
+from shardcheck.conformance.adapters import every_builtin
 
 ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = {"accelerate": "accelerate", "lightning": "lightning"}
@@ -26,7 +26,7 @@ def _needs(module: str):
 
 
 def _cells(impl: str, *, env=None, k: str = CELLS):
-    return warm_python.run(["-m", "pytest", "conformance/checks/behaviour/test_train_parity.py", "--shardcheck-impl", impl,
+    return warm_python.run(["-m", "pytest", "shardcheck/conformance/checks/behaviour/test_train_parity.py", "--shardcheck-impl", impl,
                             "--shardcheck-world-sizes", "2", "-q", "-rxs", "-o", "addopts=", "-p", "no:cacheprovider", "-k", k],
                            cwd=ROOT, timeout=600, env=env)
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conformance.report import reading
+from shardcheck.conformance.report import reading
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("SHARDCHECK_INTERRUPT_EXAMPLES", "3"))
-RUN = [sys.executable, "-m", "conformance.cli", "run", "--family", "sharding,loss_scaling", "--world-sizes", "2"]
+RUN = [sys.executable, "-m", "shardcheck.conformance.cli", "run", "--family", "sharding,loss_scaling", "--world-sizes", "2"]
 
 
 def _wait_for_first_cell(stream: Path, proc: subprocess.Popen) -> None:

@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from conformance.checks.support.compare import assert_close
-from conformance.report import reading
-from conformance.report import writer as reporting
+from shardcheck.conformance.checks.support.compare import assert_close
+from shardcheck.conformance.report import reading
+from shardcheck.conformance.report import writer as reporting
 
 
 class _Ctx:
@@ -53,7 +53,7 @@ def test_a_nan_is_the_worst_error_and_named():
 
 def test_report_cell_takes_every_ranks_records_nan_first(tmp_path):
     writer = reporting.ReportWriter(None, tmp_path / "r.json")
-    rep = pytest.TestReport("conformance/checks/api/test_clip_grad.py::test_x[ref-ws2]", ("f", 0, "x"), {},
+    rep = pytest.TestReport("shardcheck/conformance/checks/api/test_clip_grad.py::test_x[ref-ws2]", ("f", 0, "x"), {},
                             "failed", "E   AssertionError: total norm", "call")
     rep.user_properties = [("error", {0: [{"what": "a", "max_abs": 0.5, "max_rel": 0.1, "rtol": 1e-6, "atol": 1e-5}],
                                       1: [{"what": "a", "max_abs": 2.0, "max_rel": math.nan, "rtol": 1e-6,
@@ -88,7 +88,7 @@ def test_the_margin_is_the_share_of_the_tolerance_the_worst_value_used(actual, e
 def test_the_report_keeps_the_worst_margin_as_a_json_number(tmp_path):
     writer = reporting.ReportWriter(None, tmp_path / "r.json")
     for name, margins in (("finite", [0.25, 0.5]), ("infinite", [0.25, math.inf]), ("none", [])):
-        rep = pytest.TestReport(f"conformance/checks/api/test_clip_grad.py::test_{name}[ref-ws2]", ("f", 0, "x"),
+        rep = pytest.TestReport(f"shardcheck/conformance/checks/api/test_clip_grad.py::test_{name}[ref-ws2]", ("f", 0, "x"),
                                 {}, "passed", None, "call")
         rep.user_properties = [("error", {r: [{"what": "a", "max_abs": 0.0, "max_rel": 0.0, "margin": m,
                                                "rtol": 1e-6, "atol": 1e-5}] for r, m in enumerate(margins)})]

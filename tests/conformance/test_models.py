@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conformance.checks.support import models as M
+from shardcheck.conformance.checks.support import models as M
 
 # nn.Transformer (inside TransformerWithSharedParams) warns about nested tensors,
 # exactly like torch's original model; it is irrelevant here.

@@ -1,19 +1,19 @@
 """Mutation testing of the conformance checks: every mutant of reference_impl must be killed.
 
-For each mutant in ``conformance.mutants.MUTANTS`` (one pytest item each) the check functions it names
+For each mutant in ``shardcheck.conformance.mutants.MUTANTS`` (one pytest item each) the check functions it names
 run in their OWN pytest process (a mutant patches reference_impl process-wide; started warm, with torch
 already imported: tests/warm_python.py)::
 
-    python -m pytest conformance/checks/<dir>/<file>::<check> ... --shardcheck-impl conformance.mutants:<Class> \
-        -p conformance.mutants.per_check ...
+    python -m pytest shardcheck/conformance/checks/<dir>/<file>::<check> ... --shardcheck-impl shardcheck.conformance.mutants:<Class> \
+        -p shardcheck.conformance.mutants.per_check ...
 
 and at least one cell must FAIL; the killing cell is printed (``-s`` shows it). ``-x`` stops at the
 first failed cell, so a killed mutant is cheap. ``test_reference_passes_mutant_subsets`` runs the
 unmutated reference over exactly the cells that killed the mutants: each must pass, so a kill is
 never an artifact of a check that fails anyway. Every listed check function must kill its mutant
-(without -x; ``conformance/mutants/per_check.py`` skips a function's remaining cells once one cell
+(without -x; ``shardcheck/conformance/mutants/per_check.py`` skips a function's remaining cells once one cell
 failed), and ``test_every_check_function_kills_a_mutant`` demands that every check function under
-conformance/checks is listed for some mutant (or is UNREACHABLE, with the reason).
+shardcheck/conformance/checks is listed for some mutant (or is UNREACHABLE, with the reason).
 
 The runs are independent processes, so they are started ahead, up to ``SHARDCHECK_MUTANT_JOBS`` at a
 time (default 2; 1 under pytest-xdist, which parallelises by itself), and each item waits for its own.
@@ -37,16 +37,16 @@ from pathlib import Path
 import pytest
 
 import warm_python
-from conformance.mutants import MUTANTS
+from shardcheck.conformance.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ROOT / "conformance" / "checks"
+CHECKS = ROOT / "shardcheck" / "conformance" / "checks"
 BACKEND = os.environ.get("SHARDCHECK_MUTANT_BACKEND", "gloo")
 RUN_SURVIVORS = os.environ.get("SHARDCHECK_MUTANT_SURVIVORS", "") == "1"
 RUN_TIMEOUT_S = 600
 # Only the plugins the checks need: skips ~1 s of plugin imports (hypothesis, xdist, ...) per run.
-PLUGINS = ["-p", "harness.plugin", "-p", "conformance.pytest_plugin.selection", "-p", "pytest_timeout"]
-PER_CHECK = ["-p", "conformance.mutants.per_check"]  # a killed check function's other cells are skipped
+PLUGINS = ["-p", "shardcheck.pytest_plugin", "-p", "pytest_timeout"]
+PER_CHECK = ["-p", "shardcheck.conformance.mutants.per_check"]  # a killed check function's other cells are skipped
 BASELINE = "reference"
 
 
@@ -63,7 +63,7 @@ UNREACHABLE = {
 
 
 def _check_file(name: str) -> Path:
-    """A check file by its name, wherever it lives under conformance/checks (api/, behaviour/)."""
+    """A check file by its name, wherever it lives under shardcheck/conformance/checks (api/, behaviour/)."""
     found = sorted(CHECKS.rglob(name))
     assert len(found) == 1, f"check file {name}: {len(found)} matches under {CHECKS}: {found}"
     return found[0]
@@ -78,7 +78,7 @@ def _selection(checks) -> list[str]:
 
 
 def all_check_functions() -> set[str]:
-    """Every `def test_*` at module level under conformance/checks, as "file.py::function"."""
+    """Every `def test_*` at module level under shardcheck/conformance/checks, as "file.py::function"."""
     out = set()
     for f in CHECKS.rglob("test_*.py"):
         out |= {f"{f.name}::{m}" for m in re.findall(r"^def (test_\w+)\(", f.read_text(), re.MULTILINE)}
@@ -126,7 +126,7 @@ def _mutant_command(mutant) -> list[str]:
     # Without -x: EVERY listed check function must show a FAILED cell; per_check skips a function's
     # remaining cells once one failed, so each kill costs about one cell. A mutant naming `cells`
     # runs every cell of its checks (-rA lists the passed ones too): exactly those must fail.
-    cmd = _command(f"conformance.mutants:{mutant.__name__}", _selection(mutant.checks), stop_at_first_failure=False,
+    cmd = _command(f"shardcheck.conformance.mutants:{mutant.__name__}", _selection(mutant.checks), stop_at_first_failure=False,
                    world_sizes=mutant.world_sizes)
     return cmd + ["-rA"] if mutant.cells else cmd + PER_CHECK
 
@@ -142,7 +142,7 @@ def _cell_outcomes(mutant, run: "Run") -> dict[str, str]:
     for word in ("PASSED", "FAILED"):
         for line in run.lines(f"{word} "):
             node = line.removeprefix(f"{word} ").partition(" - ")[0].strip().rpartition("::")[2]
-            out[node.replace(f"[conformance.mutants:{mutant.__name__}-", "[")] = word
+            out[node.replace(f"[shardcheck.conformance.mutants:{mutant.__name__}-", "[")] = word
     return out
 
 
@@ -151,8 +151,8 @@ def _killing_cells(mutant, run: "Run") -> list[str]:
     out = []
     for line in run.lines("FAILED"):
         node = line.removeprefix("FAILED ").partition(" - ")[0].strip()
-        out.append(node.replace(f"[conformance.mutants:{mutant.__name__}-", "[reference-")
-                   .replace(f"[conformance.mutants:{mutant.__name__}]", "[reference]"))
+        out.append(node.replace(f"[shardcheck.conformance.mutants:{mutant.__name__}-", "[reference-")
+                   .replace(f"[shardcheck.conformance.mutants:{mutant.__name__}]", "[reference]"))
     return out
 
 
@@ -215,7 +215,7 @@ def mutant_runs(request):
 
 def test_catalogue_lists_every_mutant():
     """The docstring catalogue and MUTANTS agree; every mutant names a bug class and existing checks."""
-    import conformance.mutants as M
+    import shardcheck.conformance.mutants as M
 
     names = [m.name for m in MUTANTS]
     assert len(set(names)) == len(names), names
@@ -231,14 +231,14 @@ def test_catalogue_lists_every_mutant():
 
 
 def test_every_check_function_kills_a_mutant():
-    """Each check function under conformance/checks is listed as killing at least one mutant that
+    """Each check function under shardcheck/conformance/checks is listed as killing at least one mutant that
     test_mutant_is_killed runs (a non-survivor), or is in UNREACHABLE with its reason: no check is
     left without a demonstration that it can fail."""
     killers = {c for m in MUTANTS if not _is_survivor(m) for c in m.checks}
     checks = all_check_functions()
     assert not (set(UNREACHABLE) - checks), f"UNREACHABLE names checks that no longer exist: {set(UNREACHABLE) - checks}"
     missing = sorted(checks - killers - set(UNREACHABLE))
-    assert not missing, "check functions no mutant is listed for (add one to conformance/mutants):\n  " + "\n  ".join(missing)
+    assert not missing, "check functions no mutant is listed for (add one to shardcheck/conformance/mutants):\n  " + "\n  ".join(missing)
     print("\nmutant -> check functions that kill it:")
     for m in MUTANTS:
         print(f"  {m.name}: {', '.join(m.checks)}")
@@ -250,13 +250,13 @@ def test_patch_travels_by_pickle():
     __init__, so this process stays unmutated."""
     import pickle
 
-    from conformance.mutants import ClipLocalNorm, GradNotAveraged
+    from shardcheck.conformance.mutants import ClipLocalNorm, GradNotAveraged
 
     blobs = [pickle.dumps(cls.__new__(cls)) for cls in (GradNotAveraged, ClipLocalNorm)]
     code = (
         "import pickle, sys\n"
-        "import reference_impl.collectives as C\n"
-        "from conformance import mutants\n"
+        "import shardcheck.reference_impl.collectives as C\n"
+        "from shardcheck.conformance import mutants\n"
         "original = C.divide_factors\n"
         "a = pickle.loads(sys.stdin.buffer.read(int(sys.argv[1])))\n"
         "assert mutants.applied() == a.name == 'mutant-grad-not-averaged', mutants.applied()\n"
@@ -273,7 +273,7 @@ def test_patch_travels_by_pickle():
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, check=False)
     out = proc.stdout.decode()
     assert proc.returncode == 0 and "refused: mutant mutant-clip-local-norm" in out, out
-    from conformance.mutants import applied
+    from shardcheck.conformance.mutants import applied
 
     assert applied() is None, "this test session itself got mutated"
 
@@ -301,7 +301,7 @@ def test_mutant_is_killed(mutant_runs, mutant):
     assert not survived, (f"{mutant.name} survived listed check(s) {', '.join(survived)} ({run.summary}): each "
                           f"listed check must kill it\n{run.describe()}")
     for line in failed:
-        cell, _, why = line.removeprefix("FAILED ").replace(f"conformance.mutants:{mutant.__name__}-", "").partition(" - ")
+        cell, _, why = line.removeprefix("FAILED ").replace(f"shardcheck.conformance.mutants:{mutant.__name__}-", "").partition(" - ")
         print(f"\n{mutant.name} killed by {cell} ({run.summary}; {run.seconds:.1f} s)\n    {why[:240]}")
 
 

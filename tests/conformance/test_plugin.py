@@ -7,11 +7,11 @@ import textwrap
 import pytest
 import warm_python
 
-from conformance.report import reading
+from shardcheck.conformance.report import reading
 
 ADAPTER = '''
 import torch
-from conformance.adapters.reference import ReferenceAdapter
+from shardcheck.conformance.adapters.reference import ReferenceAdapter
 
 class Fake(ReferenceAdapter):
     name = "fake"
@@ -21,7 +21,7 @@ class Fake(ReferenceAdapter):
 CHECKS = '''
 import pytest
 
-from harness import distributed
+from shardcheck.harness import distributed
 
 @distributed(world_size=2)
 @pytest.mark.requires("full_shard")
@@ -37,7 +37,7 @@ def test_needs_offload(ctx, impl):
 
 @distributed(world_size=2)
 def test_raises_unsupported_on_ranks(ctx, impl):
-    from conformance.protocol import Unsupported
+    from shardcheck.conformance.protocol import Unsupported
     raise Unsupported("the adapter has no such method")
 '''
 
@@ -118,7 +118,7 @@ def test_unknown_implementation_is_one_line(tmp_path):
 
 
 def test_impl_all_is_every_builtin_and_variant_and_says_what_it_left_out(monkeypatch):
-    from conformance import adapters
+    from shardcheck.conformance import adapters
 
     names, left_out = adapters.every_builtin()
     assert {"reference", "torch-fsdp2", "torch-fsdp1", "torch-fsdp1[flat]", "ddp"} <= set(names)

@@ -10,9 +10,9 @@ from html.parser import HTMLParser
 import pytest
 
 import report_samples as samples
-from conformance.cli import main as cli
-from conformance.report import reading
-from conformance.report.page import html_page
+from shardcheck.conformance.cli import main as cli
+from shardcheck.conformance.report import reading
+from shardcheck.conformance.report.page import html_page
 
 
 class _Page(HTMLParser):

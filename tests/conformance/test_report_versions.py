@@ -1,5 +1,5 @@
-"""Schema version 3: the cells as rows through tables (conformance.report.compact) give back the same
-cells, failure texts are trimmed with ranks that agree grouped (conformance.report.texts), a report
+"""Schema version 3: the cells as rows through tables (shardcheck.conformance.report.compact) give back the same
+cells, failure texts are trimmed with ranks that agree grouped (shardcheck.conformance.report.texts), a report
 says where the full text is, and the committed report is a tenth of its version 2 size."""
 
 import copy
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.report import compact, matrix, reading, texts
-from conformance.report import writer as reporting
+from shardcheck.conformance.report import compact, matrix, reading, texts
+from shardcheck.conformance.report import writer as reporting
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "reports" / "cpu-gloo.json"
@@ -18,7 +18,7 @@ IMPLS = [{"name": "fsdp", "selected_as": "fsdp", "version": "1", "adapter": "m:A
 
 FRAME = '  File "/venv/lib/python3.11/site-packages/{}", line {}, in {}\n    {}\n    ^^^^^^\n'
 TRACE = ("Traceback (most recent call last):\n"
-         '  File "/work/main/conformance/checks/api/test_x.py", line 10, in test_x\n    model(batch)\n'
+         '  File "/work/main/shardcheck/conformance/checks/api/test_x.py", line 10, in test_x\n    model(batch)\n'
          + FRAME.format("torch/nn/modules/module.py", 1778, "_wrapped_call_impl", "return self._call_impl()")
          + FRAME.format("torch/nn/modules/module.py", 1789, "_call_impl", "return forward_call()")
          + FRAME.format("torch/distributed/fsdp/_runtime_utils.py", 521, "_root_pre_forward", "_lazy_init()")
@@ -50,7 +50,7 @@ def test_trim_groups_ranks_that_said_the_same_and_keeps_the_frames_a_reader_need
     block = text.split("----------\n")[1]
     assert block.splitlines() == [
         "Traceback (most recent call last):",
-        '  File "conformance/checks/api/test_x.py", line 10, in test_x', "    model(batch)",
+        '  File "shardcheck/conformance/checks/api/test_x.py", line 10, in test_x', "    model(batch)",
         '  File "torch/nn/modules/module.py", line 1778, in _wrapped_call_impl', "    return self._call_impl()",
         "  [... 2 frames cut by shardcheck ...]",
         '  File "torch/distributed/fsdp/_flat_param.py", line 1260, in init', "    shard.pin_memory()",
@@ -126,7 +126,7 @@ def test_writing_a_report_puts_a_row_on_a_line(tmp_path):
 @pytest.mark.skipif(not COMMITTED.is_file(), reason="no committed report")
 def test_the_committed_report_as_version_3_is_a_tenth_of_version_2_and_shows_the_same(tmp_path, capsys):
     """`shardcheck report upgrade reports/cpu-gloo.json -o OUT` measures it too."""
-    from conformance.cli import main as cli
+    from shardcheck.conformance.cli import main as cli
 
     out = tmp_path / "cpu-gloo.json"
     assert cli.main(["report", "upgrade", str(COMMITTED), "-o", str(out)]) == 0

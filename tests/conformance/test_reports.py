@@ -10,9 +10,9 @@ import pytest
 
 import report_samples as samples
 import warm_python
-from conformance.cli import main as cli
-from conformance.protocol.outcomes import OUTCOMES
-from conformance.report import coverage, diff, matrix, reading
+from shardcheck.conformance.cli import main as cli
+from shardcheck.conformance.protocol.outcomes import OUTCOMES
+from shardcheck.conformance.report import coverage, diff, matrix, reading
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def real_report(tmp_path_factory):
     """A report written by a real `shardcheck run` on a tiny subset (a few seconds)."""
     out = tmp_path_factory.mktemp("run") / "r.json"
-    proc = warm_python.run(["-m", "conformance.cli", "run", "--family", "comm_hooks",
+    proc = warm_python.run(["-m", "shardcheck.conformance.cli", "run", "--family", "comm_hooks",
                             "-k", "default_communication_hook_behavior", "--world-sizes", "2", "-o", str(out)],
                            cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -241,9 +241,9 @@ def _thin_and_known(tmp_path):
     ddp = [samples.cell("ddp", f"test_t{i}", "passed", family="train_parity") for i in range(6)]
     ddp += [samples.cell("ddp", f"test_c{i}", "unsupported") for i in range(348)]
     fsdp = [samples.cell("torch-fsdp2", "test_t0", "passed", family="train_parity")]
-    for i, (finding, repro) in enumerate([("F9", "conformance/expectations/repros/a.py"),
-                                          ("F9", "conformance/expectations/repros/a.py"),
-                                          ("F10", "conformance/expectations/repros/b.py")]):
+    for i, (finding, repro) in enumerate([("F9", "shardcheck/conformance/expectations/repros/a.py"),
+                                          ("F9", "shardcheck/conformance/expectations/repros/a.py"),
+                                          ("F10", "shardcheck/conformance/expectations/repros/b.py")]):
         cell = samples.cell("torch-fsdp2", f"test_k{i}", "xfailed", message="E   known")
         cell["expectation"] = {"reason": f"why {finding}", "repro": repro, "finding": finding}
         fsdp.append(cell)
@@ -268,7 +268,7 @@ def test_known_failures_are_grouped_by_finding_with_reason_and_reproduction(tmp_
     assert "### Known failures (3 cells, 2 findings)" in out
     f9, f10 = out.index("#### F9 · torch-fsdp2 · 2 cell(s)"), out.index("#### F10 · torch-fsdp2 · 1 cell(s)")
     assert f9 < f10  # in number order
-    assert "why F9" in out[f9:f10] and "Reproduction: `conformance/expectations/repros/a.py`" in out[f9:f10]
+    assert "why F9" in out[f9:f10] and "Reproduction: `shardcheck/conformance/expectations/repros/a.py`" in out[f9:f10]
     assert "- torch-fsdp2 `test_clip_grad.py::test_k1[ws2-FULL_SHARD]`" in out[f9:f10]
     page = tmp_path / "m.html"
     assert cli.main(["matrix", path, "--html", str(page)]) == 0

@@ -22,15 +22,15 @@ import torch
 import warm_python
 from rich.console import Console
 
-from conformance.cli import main as cli
-from conformance.report import reading
-from conformance.report import writer as reporting
-from conformance.cli.progress import RunProgress
-from conformance.protocol.outcomes import MISSING_PROPERTY
-from conformance.report.writer import PARAMS_PROPERTY
+from shardcheck.conformance.cli import main as cli
+from shardcheck.conformance.report import reading
+from shardcheck.conformance.report import writer as reporting
+from shardcheck.conformance.cli.progress import RunProgress
+from shardcheck.conformance.protocol.outcomes import MISSING_PROPERTY
+from shardcheck.conformance.report.writer import PARAMS_PROPERTY
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARDCHECK = [sys.executable, "-m", "conformance.cli"]
+SHARDCHECK = [sys.executable, "-m", "shardcheck.conformance.cli"]
 TWO_CELLS = ("--world-sizes", "2", "-k", ("test_default_communication_hook_behavior and NO_SHARD"
                                          " or test_custom_hook_called and mean and NO_SHARD"))
 
@@ -74,7 +74,7 @@ def test_workers_is_a_number_or_auto(capsys):
 def test_failed_cell_fails_the_run_and_xdist_workers_make_one_report(tmp_path):
     out = tmp_path / "x.json"
     proc = _run("run", "--family", "comm_hooks", "--backend", "threaded", *TWO_CELLS,
-                "--impl", "conformance.mutants:CommHookIgnored", "-o", str(out), "--", "-n", "2")
+                "--impl", "shardcheck.conformance.mutants:CommHookIgnored", "-o", str(out), "--", "-n", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert re.search(r"^\[ +2/ +2\] 1 failed, \d+ s$", proc.stdout, re.MULTILINE), proc.stdout
     assert not re.search(r"^[.FEsxXU]+$", proc.stdout, re.MULTILINE), "pytest's per-test letters are not shown"
@@ -199,7 +199,7 @@ def test_progress_bar_on_a_terminal_and_no_unnamed_variable_recorded(tmp_path):
 def _feed(progress: RunProgress, nodeid: str, *phases: tuple) -> None:
     """Phase reports (when, outcome[, longrepr[, extra attributes]]) of one cell, as pytest makes them."""
     for when, outcome, longrepr, extra in (phase + (None, {})[len(phase) - 2:] for phase in phases):
-        rep = pytest.TestReport(f"conformance/checks/{nodeid}", ("t.py", 0, nodeid), {}, outcome,
+        rep = pytest.TestReport(f"shardcheck/conformance/checks/{nodeid}", ("t.py", 0, nodeid), {}, outcome,
                                 longrepr, when)
         rep.__dict__.update(extra)
         progress.pytest_runtest_logreport(rep)
@@ -292,7 +292,7 @@ def test_an_adapter_in_the_users_folder_is_found_by_the_console_script(tmp_path)
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "adapter.py").write_text(
-        "from conformance.adapters.reference import ReferenceAdapter\n\n"
+        "from shardcheck.conformance.adapters.reference import ReferenceAdapter\n\n"
         "class Engine(ReferenceAdapter):\n    name = 'my-engine'\n")
     proc = subprocess.run([str(script), "run", "--impl", "mypkg.adapter:Engine", "--family", "comm_hooks",
                            *TWO_CELLS, "-o", "r.json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -303,7 +303,7 @@ def test_an_adapter_in_the_users_folder_is_found_by_the_console_script(tmp_path)
 def test_run_on_ranks_started_by_torchrun(tmp_path):
     """`--launcher torchrun`: the matrix runs on torchrun's ranks; rank 0 alone reports."""
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--launcher", "torchrun",
+    proc = subprocess.run([sys.executable, "-m", "shardcheck.conformance.cli", "run", "--launcher", "torchrun",
                            "--nproc-per-node", "2", "--family", "comm_hooks", "-k",
                            "default_communication_hook_behavior", "--world-sizes", "2", "-o", str(out)],
                           capture_output=True, text=True, timeout=300)
@@ -312,3 +312,37 @@ def test_run_on_ranks_started_by_torchrun(tmp_path):
     report = json.loads(out.read_text())
     assert report["complete"] and report["summary"]["by_outcome"] == {"passed": 3}
     assert report["target"]["env"].get("WORLD_SIZE") == "2"  # the cells ran under the launcher
+
+
+HANGING_ADAPTER = '''
+import time
+import torch.distributed as dist
+from shardcheck.conformance.adapters.reference import ReferenceAdapter
+
+class Hangs(ReferenceAdapter):
+    name = "hangs"
+
+    def trainer(self, *args, **kwargs):
+        if dist.get_rank() == 1:
+            time.sleep(600)
+        return super().trainer(*args, **kwargs)
+'''
+
+
+def test_a_hanging_candidate_fails_its_cell_at_the_deadline_and_the_progress_names_it(tmp_path):
+    """While the ranks are overdue, the progress line names the cell, its ranks and the option; the
+    cell then fails with every rank's stack, naming the option to raise."""
+    (tmp_path / "hangs.py").write_text(HANGING_ADAPTER)
+    cell = "test_train_parity[hangs:Hangs-ws2-FULL_SHARD-noclip-nested]"
+    proc = subprocess.run([*SHARDCHECK, "run", "--impl", "hangs:Hangs", "--family", "train_parity",
+                           "--world-sizes", "2", "-k", "FULL_SHARD and noclip and nested", "--rank-timeout", "4",
+                           "--workers", "0", "-o", "r.json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    waiting_lines = [line for line in proc.stdout.splitlines() if "waiting" in line]
+    assert waiting_lines, proc.stdout
+    assert re.search(rf"waiting \d+ s on \S*{re.escape(cell)}: ranks 0, 1 of 2 not answered \(deadline 4 s, "
+                     r"--rank-timeout\)", waiting_lines[0]), waiting_lines
+    report = reading.load(tmp_path / "r.json")
+    assert report["summary"]["by_outcome"] == {"failed": 1}, report["summary"]
+    assert "did not finish within the 4 s deadline" in proc.stdout and "--shardcheck-rank-timeout" in proc.stdout

@@ -1,11 +1,11 @@
-"""The seed map (conformance/checks/seed_map.toml) is complete and points at checks that exist.
+"""The seed map (shardcheck/conformance/checks/seed_map.toml) is complete and points at checks that exist.
 
 * every seed case has exactly one entry: the number of cases per seed and per test method (one case
   = one test method x one element of its parametrization, inner subtest loops included) is fixed
   below from reading the seeds, and where the seed files are present (SHARDCHECK_SEEDS, default
   /work/shared/seeds) their `def test_*` methods are cross-checked against the map;
 * every entry's check patterns (and behaviour patterns) match at least one collected cell
-  (``pytest --collect-only`` over conformance/checks, impl id removed; `*` is the only wildcard);
+  (``pytest --collect-only`` over shardcheck/conformance/checks, impl id removed; `*` is the only wildcard);
 * classes are from the vocabulary, every non-faithful entry says why;
 * ``python -m pytest tests/conformance/test_seed_map.py -s`` prints the counts per class per seed
   (the table in docs/conformance.md).
@@ -24,7 +24,7 @@ import pytest
 import warm_python
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ROOT / "conformance" / "checks"
+CHECKS = ROOT / "shardcheck" / "conformance" / "checks"
 SEED_MAP = CHECKS / "seed_map.toml"
 SEEDS_DIR = Path(os.environ.get("SHARDCHECK_SEEDS", "/work/shared/seeds"))
 CLASSES = ("faithful", "deviation", "weaker", "missing")
@@ -109,7 +109,7 @@ def collected() -> list[str]:
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     proc = warm_python.run(
         ["-m", "pytest", str(CHECKS.relative_to(ROOT)), "--collect-only", "-q", "--shardcheck-impl", "reference",
-         "-o", "addopts=", "-p", "no:cacheprovider", "-p", "harness.plugin", "-p", "conformance.pytest_plugin.selection"],
+         "-o", "addopts=", "-p", "no:cacheprovider", "-p", "shardcheck.pytest_plugin"],
         cwd=ROOT, env=env, timeout=300)
     prefix = str(CHECKS.relative_to(ROOT)) + "/"
     ids = [line.removeprefix(prefix).replace("[reference-", "[").replace("[reference]", "")

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from conformance.adapters.reference import ReferenceAdapter
-from conformance.checks.support import shared_reference
-from conformance.checks.support.parity import train_in_parity
-from conformance.checks.support.workloads import WORKLOADS, UnevenMLP
-from conformance.protocol import Clip, MixedPrecision, Optimizer, Recipe, ShardSpec
-from harness import distributed
+from shardcheck.conformance.adapters.reference import ReferenceAdapter
+from shardcheck.conformance.checks.support import shared_reference
+from shardcheck.conformance.checks.support.parity import train_in_parity
+from shardcheck.conformance.checks.support.workloads import WORKLOADS, UnevenMLP
+from shardcheck.conformance.protocol import Clip, MixedPrecision, Optimizer, Recipe, ShardSpec
+from shardcheck.harness import distributed
 
 MLP = WORKLOADS["uneven_mlp"]
 

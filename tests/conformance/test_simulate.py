@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from conformance.cli import main as cli
-from conformance.simulate import default_ranks, simulate, simulate_rank
-from conformance.simulate import expected as E
-from conformance.simulate import impls, runner, verdicts
-from conformance.simulate.presets import build
+from shardcheck.conformance.cli import main as cli
+from shardcheck.conformance.simulate import default_ranks, simulate, simulate_rank
+from shardcheck.conformance.simulate import expected as E
+from shardcheck.conformance.simulate import impls, runner, verdicts
+from shardcheck.conformance.simulate.presets import build
 
 
 def _torch_chunk_shape(shape, ws: int, rank: int) -> list[int]:

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from conformance.cli import main as cli
-from conformance.simulate import expected as E
-from conformance.simulate import runner, simulate, simulate_rank, verdicts
-from conformance.simulate.presets import build
+from shardcheck.conformance.cli import main as cli
+from shardcheck.conformance.simulate import expected as E
+from shardcheck.conformance.simulate import runner, simulate, simulate_rank, verdicts
+from shardcheck.conformance.simulate.presets import build
 
 
 def _torch_chunk_rows(rows: int, ws: int, rank: int) -> int:

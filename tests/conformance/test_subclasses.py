@@ -1,4 +1,4 @@
-"""TwoTensor (conformance/checks/support/subclasses.py): the tensor subclass that seed 002 shards."""
+"""TwoTensor (shardcheck/conformance/checks/support/subclasses.py): the tensor subclass that seed 002 shards."""
 
 import copy
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conformance.checks.support import models as M
-from conformance.checks.support.subclasses import TwoTensor, TwoTensorMode
+from shardcheck.conformance.checks.support import models as M
+from shardcheck.conformance.checks.support.subclasses import TwoTensor, TwoTensorMode
 
 # nn.Transformer (inside TransformerWithSharedParams) warns about nested tensors,
 # exactly like torch's original model; it is irrelevant here.

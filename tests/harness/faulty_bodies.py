@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import distributed
+from shardcheck.harness import distributed
 
 
 @distributed(world_size=2)

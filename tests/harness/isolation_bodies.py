@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import distributed
+from shardcheck.harness import distributed
 
 KEEP = []  # what a leaking body hands to the module, so that nothing closes or joins it for it
 

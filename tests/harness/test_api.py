@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from parameterized import parameterized
 
-from harness import distributed
+from shardcheck.harness import distributed
 
 
 @distributed(world_size=[1, 2, 3])
@@ -68,7 +68,7 @@ def test_ranks_see_what_a_launcher_gives(ctx):
 @distributed(world_size=2)
 def test_rank_processes_start_with_what_they_inherited_frozen(ctx):
     """A rank process freezes the objects it starts with (torch and the preloaded modules), so its
-    full garbage collections skip them (harness/worker.py)."""
+    full garbage collections skip them (shardcheck/harness/worker.py)."""
     import gc
 
     if ctx.mode not in ("pool", "spawn"):

@@ -1,4 +1,4 @@
-"""harness/digest.py: equal digests mean identical values; no digest where that cannot be promised."""
+"""shardcheck/harness/digest.py: equal digests mean identical values; no digest where that cannot be promised."""
 
 from fractions import Fraction
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.digest import SIZE, digest
+from shardcheck.harness.digest import SIZE, digest
 
 _tensors = st.builds(
     lambda values, dtype: torch.tensor(values, dtype=dtype),

@@ -9,7 +9,7 @@ import pytest
 
 BODIES = '''
 import torch, torch.distributed as dist
-from harness import distributed
+from shardcheck.harness import distributed
 
 @distributed(world_size=[1, 2, 4])
 def test_all_reduce(ctx):

@@ -18,12 +18,12 @@ from child_sessions import child_session, outcome
 
 SLOW_START = """
 import time
-import harness.pool
-_rank_main = harness.pool.rank_main
+import shardcheck.harness.pool
+_rank_main = shardcheck.harness.pool.rank_main
 def _slow_rank_main(*args, **kwargs):
     time.sleep(1.5)  # a slow pool start-up (as at large world sizes)
     _rank_main(*args, **kwargs)
-harness.pool.rank_main = _slow_rank_main
+shardcheck.harness.pool.rank_main = _slow_rank_main
 """
 
 # A rank that dies as the next test is handed out, after the pool was found usable: stopped before
@@ -32,8 +32,8 @@ DEATH_AT_HAND_OUT = """
 import os
 import signal
 import threading
-import harness.pool
-_run = harness.pool.RankPool.run
+import shardcheck.harness.pool
+_run = shardcheck.harness.pool.RankPool.run
 _killed = []
 def _run_after_a_death(self, task, timeout):
     if "beside_one_that_died_idle" in task.test_id and not _killed:
@@ -41,7 +41,7 @@ def _run_after_a_death(self, task, timeout):
         os.kill(self.procs[1].pid, signal.SIGSTOP)
         threading.Timer(0.5, os.kill, (self.procs[1].pid, signal.SIGKILL)).start()
     return _run(self, task, timeout)
-harness.pool.RankPool.run = _run_after_a_death
+shardcheck.harness.pool.RankPool.run = _run_after_a_death
 """
 
 
@@ -97,7 +97,7 @@ def test_4_hang_in_collective_fails_with_stacks_and_session_goes_on(which, reque
     run = request.getfixturevalue(which)
     rec = outcome(run, "test_hang_in_collective[ws2]")
     # a process rank blocked in C++ is stopped at the deadline; a thread rank alone in a threaded
-    # collective, once its peer returned, is an unmatched collective at once (harness/threads.py)
+    # collective, once its peer returned, is an unmatched collective at once (shardcheck/harness/threads.py)
     why = "did not finish within" if which == "pool_run" else "waits in a collective that no other rank will join"
     assert rec["outcome"] == "failed" and why in rec["text"], rec["text"]
     assert "in test_hang_in_collective" in rec["text"] and "all_reduce" in rec["text"]
@@ -192,7 +192,7 @@ def test_5_sigkill_of_pytest_leaves_no_rank_alive(tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     (tmp_path / "test_sleepy.py").write_text(
-        "import os, time\nfrom harness import distributed\n\n"
+        "import os, time\nfrom shardcheck.harness import distributed\n\n"
         "@distributed(world_size=3)\ndef test_sleep(ctx):\n"
         f"    open(os.path.join({str(pid_dir)!r}, str(os.getpid())), 'w').close()\n"
         "    time.sleep(600)\n")

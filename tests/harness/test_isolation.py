@@ -1,4 +1,4 @@
-"""A test may leave nothing behind in a reused rank process (harness/isolation.py): each leak in
+"""A test may leave nothing behind in a reused rank process (shardcheck/harness/isolation.py): each leak in
 isolation_bodies.py is either undone before the next test or fails the test that left it, and the
 innocent test after it passes on clean ranks."""
 

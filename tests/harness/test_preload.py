@@ -2,7 +2,7 @@
 
 BODY = '''
 import sys
-from harness import distributed
+from shardcheck.harness import distributed
 
 @distributed(world_size=2)
 def test_ranks_have_the_preloaded_module(ctx):

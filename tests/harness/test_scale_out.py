@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import devices, xdist_support
+from shardcheck.harness import devices, xdist_support
 
 LEASE_BODIES = '''
 import json, os, time
 import torch, torch.distributed as dist
-from harness import distributed
+from shardcheck.harness import distributed
 
 def _hold(ctx):
     start = time.time()
@@ -148,7 +148,7 @@ def test_concurrent_tests_never_share_a_device(tmp_path):
 
 NODE_BODIES = '''
 import torch, torch.distributed as dist
-from harness import distributed
+from shardcheck.harness import distributed
 
 @distributed(world_size=[1, 2])
 def test_all_reduce(ctx):

@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-import reference_impl as R
+import shardcheck.reference_impl as R
 
 S = R.ShardingStrategy
 

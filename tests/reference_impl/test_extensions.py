@@ -7,8 +7,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.testing._internal.two_tensor import TwoTensor
 
-import reference_impl as R
-from harness import distributed
+import shardcheck.reference_impl as R
+from shardcheck.harness import distributed
 
 WS = [1, 2, 3, 4]
 

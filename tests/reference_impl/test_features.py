@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor.debug import CommDebugMode
 
-import reference_impl as R
-from harness import distributed
+import shardcheck.reference_impl as R
+from shardcheck.harness import distributed
 from ri_models import S, apply_sharding, build, make_input, sharded_copy, average_grads
 
 WS = [1, 2, 3, 4]

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-import reference_impl as R
-from harness import distributed
+import shardcheck.reference_impl as R
+from shardcheck.harness import distributed
 from ri_models import S, SharedTransformer, apply_sharding, build, sharded_copy, train_parity
 
 WS = [1, 2, 3, 4]
@@ -102,7 +102,7 @@ def test_tied_across_units_is_rejected(ctx):
 @distributed(world_size=[1, 2, 3])
 def test_all_gather_flat_many_is_one_all_gather_flat_per_buffer(ctx):
     """What full_params and full_grads rely on to read every unit in one collective."""
-    from reference_impl import collectives as C
+    from shardcheck.reference_impl import collectives as C
 
     group = ctx.group or torch.distributed.group.WORLD
     locals_ = [torch.arange(n, dtype=torch.float32) + 100 * ctx.rank + 10 * i for i, n in enumerate((3, 1, 0, 5))]

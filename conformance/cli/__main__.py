@@ -1,3 +1,0 @@
-from conformance.cli.main import console_main
-
-console_main()

@@ -1,0 +1,83 @@
+"""torch DistributedDataParallel: the unsharded baseline behind the adapter protocol.
+
+Every strategy is NO_SHARD in effect, so only "no_shard" is declared; parameters and (already
+all-reduced, averaged) gradients are whole on every rank. Mixed precision is DDP's own (private,
+experimental) `_MixedPrecision`; on CPU its forward needs device events (FINDINGS F16).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel.distributed import _MixedPrecision
+
+from shardcheck.conformance.adapters import dcp
+from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
+
+_PREFIX = "module."
+
+
+class DDPAdapter(TorchStyleAdapter):
+    name = "ddp"
+    version = torch.__version__
+    capabilities = TorchStyleAdapter.implied({"checkpoint", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
+        "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params"}
+
+    def prepare(self, model: nn.Module, spec: ShardSpec, recipe) -> nn.Module:
+        """DDP needs to be told of parameters that get no gradient (`find_unused_parameters`),
+        as its users do for such a model."""
+        return self.shard(model, spec, find_unused_parameters=bool(recipe.unused))
+
+    def no_sync(self, model):
+        return model.no_sync()
+
+    def shard(self, model: nn.Module, spec: ShardSpec, find_unused_parameters: bool = False):
+        mp = spec.mixed_precision
+        if spec.strategies != {"NO_SHARD"} or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
+            raise Unsupported("DDP only replicates (NO_SHARD; no offload, buffer dtype or low-precision grads)")
+        kwargs = {"mixed_precision": _MixedPrecision(mp.param_dtype, mp.reduce_dtype or mp.param_dtype)} if mp else {}
+        group = spec.mesh.get_group() if spec.mesh is not None else None
+        device_ids = [spec.device] if spec.device.type == "cuda" else None
+        return DDP(model, device_ids=device_ids, process_group=group,
+                   find_unused_parameters=find_unused_parameters, **kwargs)
+
+    def full_params(self, model):
+        return {n.removeprefix(_PREFIX): p.detach().clone() for n, p in model.named_parameters()}
+
+    def full_grads(self, model):
+        return {n.removeprefix(_PREFIX): None if p.grad is None else p.grad.detach().clone()
+                for n, p in model.named_parameters()}
+
+    def clip_grad_norm_(self, model, max_norm, norm_type):
+        # Gradients are already all-reduced: the local norm is the global one.
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
+
+    def clip_grad_norm_unit_(self, model, path, max_norm):
+        raise Unsupported("DDP has no units")
+
+    def grad_scaler(self, device, process_group=None, **kwargs):
+        # Gradients are identical on every rank after DDP's all-reduce, so a plain GradScaler's
+        # found_inf is already agreed across ranks.
+        return torch.amp.GradScaler(device, **kwargs)
+
+    def register_comm_hook(self, model, state, hook, path=""):
+        raise Unsupported("DDP comm hooks have a different (bucket) signature")
+
+    def comm_hooks(self, model):
+        raise Unsupported("DDP comm hooks are not introspectable per unit")
+
+    def compression_hook(self, dtype):
+        raise Unsupported("DDP compression hooks have the bucket signature")
+
+    def local_shards(self, model):
+        raise Unsupported("DDP does not all-gather parameters")
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        dcp.save(model, optimizer, scaler, path)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        dcp.load(model, optimizer, scaler, path)
+
+    def full_state_dict(self, model):
+        return dcp.full_state_dict(model)

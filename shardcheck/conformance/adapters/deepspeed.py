@@ -1,0 +1,108 @@
+"""DeepSpeed ZeRO behind the behaviour protocol (optional: `pip install -e '.[deepspeed]'`, see README).
+
+The engine owns the step: it wraps the model and a client torch optimizer built from the recipe,
+`engine.backward` reduces gradients into optimizer partitions (`p.grad` stays None), `engine.step`
+clips by the global L2 norm and updates. Strategies map to the nearest ZeRO stage: FULL_SHARD -> 3,
+SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only optimizer state sharded), HYBRID_SHARD -> 3 with hpZ
+(parameters gathered within the mesh's shard groups). Not declared: norm types other than 2 (its
+`gradient_clipping` is L2 only), loss scaling (only in its fp16 mode, never over float32 compute),
+fp16 (its master weights come from the cast model, FINDINGS F13). Accumulation is its own
+(`gradient_accumulation_steps`): ZeRO-1 (NO_SHARD) reduces at the boundary only, which is the
+recipe's sync on the last micro-batch; ZeRO-2/3 reduce every micro-batch, so that is unsupported there.
+Frozen parameters are not declared (not mapped yet).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from shardcheck.conformance.adapters import deepspeed_runtime
+from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss
+
+COMM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 3}
+if importlib.util.find_spec("deepspeed") is None:
+    raise ImportError("deepspeed is not installed: see the README (DS_BUILD_OPS=0 PIP_NO_BUILD_ISOLATION=0 "
+                      "pip install 'shardcheck[deepspeed]')")
+
+
+class DeepSpeedTrainer:
+    def __init__(self, ds, model, spec, recipe):
+        self.recipe, self.clip, mp = recipe, recipe.clip, spec.mixed_precision
+        config = {
+            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": recipe.accumulation_steps,
+            "train_batch_size": spec.mesh.size() * recipe.accumulation_steps,
+            "gradient_clipping": float(self.clip.max_norm) if self.clip else 0.0,  # its default is 1.0
+            "zero_allow_untested_optimizer": True,  # a client torch optimizer (SGD is "untested")
+            "zero_optimization": {"stage": STAGES[spec.strategy]},
+            "bf16": {"enabled": bool(mp and mp.param_dtype == torch.bfloat16)},
+            "steps_per_print": 1 << 30,
+        }
+        if spec.strategy == "HYBRID_SHARD":
+            config["zero_optimization"]["zero_hpz_partition_size"] = spec.mesh.shape[1]
+        if mp and mp.reduce_dtype is not None:  # gradients reduced in reduce_dtype (FSDP's meaning)
+            if mp.reduce_dtype not in COMM_DTYPES:
+                raise Unsupported(f"gradients reduced in {mp.reduce_dtype} (fp16 needs its fp16 engine)")
+            config["communication_data_type"] = COMM_DTYPES[mp.reduce_dtype]
+        if config["bf16"]["enabled"]:  # accumulate in float32 (FSDP's gradients stay float32)
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
+        self.engine, *_ = ds.initialize(model=model, optimizer=recipe.optimizer.build(model.parameters()),
+                                        config=config)
+        if config["bf16"]["enabled"]:  # a bf16 engine does not cast its inputs: cast them as FSDP does
+            self.engine.module.register_forward_pre_hook(lambda _, args: tuple(
+                a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+
+    def forward_backward(self, batch):
+        """As DeepSpeed's users accumulate: `gradient_accumulation_steps` k in the config,
+        `engine.backward(loss)` (it divides by k) and `engine.step()` after every micro-batch, which
+        only counts until the boundary (the k-th step is this trainer's `step`)."""
+        loss = self.recipe.loss_fn(self.engine, batch)
+        self.engine.backward(loss)
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()
+        return loss.detach()
+
+    def evaluate(self, batch):
+        return evaluation_loss(self.engine, self.recipe.loss_fn, batch)
+
+    def full_grads(self):
+        from deepspeed.utils import safe_get_full_grad
+
+        return {n: None if (g := safe_get_full_grad(p)) is None else g.detach().float().clone()
+                for n, p in self.engine.module.named_parameters()}
+
+    def step(self):
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm() if self.clip else None
+        return StepResult(total_norm=None if norm is None else float(norm))
+
+    def full_params(self):
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {n: (p.detach() if (v := safe_get_full_fp32_param(p)) is None else v).float().clone()
+                for n, p in self.engine.module.named_parameters()}
+
+    def close(self):
+        deepspeed_runtime.release(self.engine)
+
+
+class DeepSpeedAdapter:
+    name = "deepspeed"
+    version = importlib.metadata.version("deepspeed")
+    capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
+                              "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward", "unused_params"})
+
+    def trainer(self, model, spec, recipe):
+        if "LOCAL_RANK" not in os.environ:
+            pytest.skip("DeepSpeed needs one process per rank with LOCAL_RANK set (not thread mode)")
+        if len(spec.strategies) > 1:
+            raise Unsupported("one ZeRO stage per engine: no per-unit strategies")
+        if recipe.accumulation_steps > 1 and not recipe.sync_each_micro_batch and STAGES[spec.strategy] > 1:
+            raise Unsupported("no_sync: ZeRO-2/3 reduce each micro-batch's gradients into their partitions "
+                              "(only ZeRO-0/1 hold them until the accumulation boundary)")
+        return DeepSpeedTrainer(deepspeed_runtime.load(), model, spec, recipe)

@@ -1,0 +1,79 @@
+"""shardcheck's own reference implementation (reference_impl) behind the adapter protocol."""
+
+from __future__ import annotations
+
+import torch
+
+import shardcheck.reference_impl as ri
+from shardcheck.reference_impl import checkpoint
+from shardcheck.conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter
+
+STRATEGIES = {s.name: s for s in ri.ShardingStrategy}
+
+
+def _mp(mp: MixedPrecision | None):
+    return None if mp is None else ri.MixedPrecision(mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype,
+                                                     mp.keep_low_precision_grads)
+
+
+class ReferenceAdapter(TorchStyleAdapter):
+    name = "reference"
+    version = "0.1.0"
+    capabilities = TorchStyleAdapter.implied({
+        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
+        "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
+        "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
+        "meta_init", "checkpoint", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
+    })
+
+    def shard(self, model, spec: ShardSpec):
+        def one(module, strategy):
+            ri.shard(module, mesh=spec.mesh, strategy=STRATEGIES[strategy],
+                     mixed_precision=_mp(spec.mixed_precision), offload=spec.offload)
+
+        for path, module in spec.unit_modules(model):
+            one(module, spec.strategy_of(path))
+        one(model, spec.strategy)
+        return model
+
+    def no_sync(self, model):
+        return ri.no_sync(model)
+
+    def full_params(self, model):
+        return ri.full_state(model)
+
+    def full_grads(self, model):
+        return ri.full_grads(model)
+
+    def clip_grad_norm_(self, model, max_norm, norm_type):
+        return ri.clip_grad_norm_(model, max_norm, norm_type)
+
+    def clip_grad_norm_unit_(self, model, path, max_norm):
+        return ri.clip_grad_norm_(model.get_submodule(path), max_norm)
+
+    def grad_scaler(self, **kwargs):
+        return ri.ShardedGradScaler(**kwargs)
+
+    def register_comm_hook(self, model, state, hook, path=""):
+        ri.register_comm_hook(model.get_submodule(path) if path else model, state, hook)
+
+    def comm_hooks(self, model):
+        return [(u.comm_hook, u.comm_hook_state) for u in ri.units(model)]
+
+    def compression_hook(self, dtype):
+        import torch.distributed as dist
+
+        hook = {torch.float16: ri.fp16_compress_hook, torch.bfloat16: ri.bf16_compress_hook}[dtype]
+        return ri.LowPrecisionState(dist.group.WORLD), hook
+
+    def local_shards(self, model):
+        return {name: ri.local_shard(p) for name, p in model.named_parameters()}
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        checkpoint.save(path, model, optimizer, scaler)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        checkpoint.load(path, model, optimizer, scaler)
+
+    def full_state_dict(self, model):
+        return checkpoint.full_state_dict(model)

@@ -1,0 +1,118 @@
+"""torch FSDP2 (`torch.distributed.fsdp.fully_shard`) behind the adapter protocol.
+
+Strategies: FULL_SHARD / SHARD_GRAD_OP are `reshard_after_forward` True / False on a 1-D mesh;
+HYBRID_SHARD is the (replicate, shard) 2-D mesh of the spec; NO_SHARD is `fully_shard` on a
+(world, 1) mesh: HSDP with shard groups of one rank is DDP semantics (replicated parameters,
+all-reduced gradients) while parameters stay DTensors, so full_params, clip_grad_norm_, the grad
+scaler and mixed strategies work as for the sharded cases (`_composable.replicate` is a separate
+DDP-based code path that does not compose with `fully_shard` units or DTensor clipping).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from shardcheck.conformance.adapters import dcp
+from shardcheck.conformance.adapters.dtensors import full_tensors
+from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the full value (never a view of live parameters or gradients)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
+
+
+class TorchFSDP2Adapter(TorchStyleAdapter):
+    name = "torch-fsdp2"
+    version = torch.__version__
+    capabilities = TorchStyleAdapter.implied({
+        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
+        "mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
+        "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_grads", "checkpoint",
+        "grad_accumulation", "no_sync", "eval_forward", "unused_params",
+    })
+
+    def _mesh(self, spec: ShardSpec, strategy: str):
+        mesh = spec.mesh if spec.mesh is not None else init_device_mesh(spec.device.type, (torch.distributed.get_world_size(),))
+        if strategy == "HYBRID_SHARD":
+            if mesh.ndim != 2:
+                raise ValueError("HYBRID_SHARD needs a 2-D (replicate, shard) mesh")
+            return mesh
+        if strategy == "NO_SHARD":
+            key = ("no_shard", id(mesh))
+            if key not in self.__dict__.setdefault("_meshes", {}):
+                self._meshes[key] = DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, 1),
+                                               mesh_dim_names=("replicate", "shard"))
+            return self._meshes[key]
+        return mesh
+
+    def shard(self, model, spec: ShardSpec):
+        mp = spec.mixed_precision
+        if mp is not None and (mp.keep_low_precision_grads or mp.buffer_dtype is not None):
+            raise Unsupported("FSDP2 MixedPrecisionPolicy has no buffer_dtype / keep_low_precision_grads")
+        policy = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else MixedPrecisionPolicy()
+        offload = CPUOffloadPolicy(pin_memory=spec.device.type == "cuda") if spec.offload else None
+
+        def one(module, strategy):
+            kwargs = dict(offload_policy=offload) if offload else {}
+            fully_shard(module, mesh=self._mesh(spec, strategy), mp_policy=policy,
+                        reshard_after_forward=strategy in ("FULL_SHARD", "HYBRID_SHARD"), **kwargs)
+
+        for path, module in spec.unit_modules(model):
+            one(module, spec.strategy_of(path))
+        one(model, spec.strategy)
+        return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        """As FSDP2's users write it: `set_requires_gradient_sync(False)` before a micro-batch that
+        must not reduce, True again before the last."""
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def full_params(self, model):
+        return full_tensors({n: p.detach() for n, p in model.named_parameters()})
+
+    def full_grads(self, model):
+        return full_tensors({n: p.grad for n, p in model.named_parameters()})
+
+    def clip_grad_norm_(self, model, max_norm, norm_type):
+        return _full(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type))
+
+    def clip_grad_norm_unit_(self, model, path, max_norm):
+        raise Unsupported("FSDP2 has no per-unit clip_grad_norm_ method to refuse a non-root call")
+
+    def grad_scaler(self, **kwargs):
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(**kwargs)
+
+    def register_comm_hook(self, model, state, hook, path=""):
+        raise Unsupported("FSDP2 has no FSDP1-style register_comm_hook")
+
+    def comm_hooks(self, model):
+        raise Unsupported("FSDP2 has no FSDP1-style comm hooks")
+
+    def compression_hook(self, dtype):
+        raise Unsupported("FSDP2 has no gradient compression hooks (use MixedPrecisionPolicy.reduce_dtype)")
+
+    def local_shards(self, model):
+        # `p.to_local()` returns a fresh view each call (gh-166156): patching it would be lost.
+        return {n: p._local_tensor for n, p in model.named_parameters()}
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        dcp.save(model, optimizer, scaler, path)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        dcp.load(model, optimizer, scaler, path)
+
+    def full_state_dict(self, model):
+        return dcp.full_state_dict(model)

@@ -1,0 +1,157 @@
+"""Interrupted training, judged against the uninterrupted unsharded trajectory (family checkpoint).
+
+`train_across_checkpoint` runs `save_steps` steps on the first `save_size` ranks, saves with the
+candidate's own `Trainer.save`, builds a FRESH model (another seed, so that a load that restores
+nothing shows) and trainer on the first `load_size` ranks, `Trainer.load`s, and runs `load_steps`
+more. Every step of both phases is compared (`parity.compare_steps`) with one unsharded
+data-parallel run, `DataParallelReference`, whose data-parallel world is the ranks of the phase:
+
+    phase 1, steps 0..k-1:    g_t = (1/S) * sum_{r<S} grad(loss_r(t))      S = save_size
+    phase 2, steps k..k+m-1:  g_t = (1/L) * sum_{r<L} grad(loss_r(t))      L = load_size
+
+The reference itself is not checkpointed through any engine: its parameters, optimizer state (Adam's
+step and moments) and GradScaler state (scale, growth tracker) pass from phase 1 to phase 2 in
+memory (rank 0's copy, broadcast: it is replicated). So after the load, parameters, gradients,
+losses, loss scales and skip decisions must continue exactly as if training had never stopped.
+
+Two world sizes in one launch: the test runs at max(S, L) ranks and a phase at fewer ranks runs on
+the sub-group of the first ranks with its own 1-D device mesh (`phase`); the other ranks wait. The
+engines are built on that mesh as on any other, so the phase is an honest smaller world.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from shardcheck.conformance.checks.support.compare import assert_close
+from shardcheck.conformance.checks.support.dp_reference import DataParallelReference
+from shardcheck.conformance.checks.support.parity import compare_steps
+from shardcheck.conformance.protocol import Recipe, ShardSpec
+
+_MESHES: dict = {}  # (rank, ranks) -> DeviceMesh: sub-groups built once per rank process
+
+
+def phase(ctx, size: int):
+    """(a context over the first `size` ranks of the test, its 1-D mesh), or (None, None) on the
+    ranks outside. Collective over ALL the test's ranks (a new process group needs every rank)."""
+    if size == ctx.world_size:
+        return ctx, ctx.mesh()
+    if size > ctx.world_size:
+        raise ValueError(f"a phase of {size} ranks in a test of {ctx.world_size}")
+    ranks = (dist.get_process_group_ranks(ctx.group) if ctx.group is not None
+             else list(range(ctx.world_size)))[:size]
+    key = (ctx.rank, tuple(ranks))
+    mesh = _MESHES.get(key) if not ctx.is_threaded else None
+    if mesh is None:
+        mesh = DeviceMesh(ctx.device.type, torch.tensor(ranks))
+        if not ctx.is_threaded:
+            _MESHES[key] = mesh
+    if ctx.rank >= size:
+        return None, None
+    return dataclasses.replace(ctx, world_size=size, group=mesh.get_group()), mesh
+
+
+def _reference_state(ref: DataParallelReference | None):
+    if ref is None:
+        return None
+    return (ref.master.state_dict(), ref.optimizer.state_dict(),
+            None if ref.scaler is None else ref.scaler.state_dict())
+
+
+def _continue_reference(ctx, state, model, spec, recipe) -> DataParallelReference:
+    ref = DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group)
+    params, optimizer, scaler = state
+    ref.master.load_state_dict(params)
+    ref.optimizer.load_state_dict(optimizer)
+    if scaler is not None:
+        ref.scaler.load_state_dict(scaler)
+    return ref
+
+
+def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, save_size: int,
+                            load_size: int, save_steps: int = 2, load_steps: int = 2,
+                            spec_of=None, poison: dict | None = None,
+                            dtype: torch.dtype | None = None) -> list:
+    """Both phases (module docstring), compared step by step; the reference's StepResults of the
+    steps this rank ran. `spec_of(mesh)` is the ShardSpec of a phase (default FULL_SHARD on
+    `workload.units`); `poison` as in workloads (step -> value on rank 1); `dtype`: the
+    tolerance's dtype (default: that of the expected values)."""
+    spec_of = spec_of or (lambda mesh: ShardSpec(units=workload.units, mesh=mesh))
+    steps = save_steps + load_steps
+    results, handed = [], [None]
+    first, first_mesh = phase(ctx, save_size)
+    second, second_mesh = phase(ctx, load_size)
+
+    def save_phase():
+        if first is None:
+            return
+        with first.seeded(0):
+            model = workload.build().to(ctx.device)
+        spec = spec_of(first_mesh)
+        ref = DataParallelReference(copy.deepcopy(model), spec, recipe, first.group)
+        trainer = impl.trainer(model, spec, recipe)
+        try:
+            batches = workload.batches(first, steps, poison=poison)[:save_steps]
+            results.extend(compare_steps(first, trainer, ref, recipe, batches, dtype))
+            trainer.save(path)
+        finally:
+            if hasattr(trainer, "close"):
+                trainer.close()
+        handed[0] = _reference_state(ref)
+
+    save_phase()  # a rank that fails here fails the test; the harness stops the others
+    state = [handed[0]]
+    dist.broadcast_object_list(state, src=dist.get_global_rank(ctx.group, 0) if ctx.group else 0,
+                               group=ctx.group)
+
+    def load_phase():
+        if second is None:
+            return
+        with second.seeded(1):  # not phase 1's initial values: the load must restore them
+            model = workload.build().to(ctx.device)
+        spec = spec_of(second_mesh)
+        ref = _continue_reference(second, state[0], model, spec, recipe)
+        trainer = impl.trainer(model, spec, recipe)
+        try:
+            trainer.load(path)
+            assert_close(second, trainer.full_params(), ref.full_params(), "parameters after load", dtype=dtype)
+            batches = workload.batches(second, steps, poison=poison)[save_steps:]
+            results.extend(compare_steps(second, trainer, ref, recipe, batches, dtype, first=save_steps))
+        finally:
+            if hasattr(trainer, "close"):
+                trainer.close()
+
+    load_phase()
+    ctx.barrier()
+    return results
+
+
+def files_under(root: Path) -> dict[str, int]:
+    """{relative path: size} of every file under `root`."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def largest_file(root: Path) -> Path:
+    """The checkpoint's largest file: a data (shard) file in any format, never a small index."""
+    sizes = files_under(root)
+    if not sizes:
+        raise AssertionError(f"the trainer's save wrote no file under {root}")
+    return root / max(sizes, key=lambda name: (sizes[name], name))
+
+
+def truncate(file: Path) -> None:
+    """Keep the first half of `file`."""
+    size = file.stat().st_size
+    with open(file, "r+b") as f:
+        f.truncate(size // 2)
+
+
+def listing(directory: Path) -> set[str]:
+    return set(os.listdir(directory))

@@ -1,0 +1,171 @@
+"""Unsharded data-parallel training: the yardstick every behaviour check compares a candidate with.
+
+Each rank holds the whole model and its own batch; after backward the gradients are averaged over
+the ranks, which is the gradient of the mean of the ranks' losses:
+
+    g = (1/W) * sum_r grad(loss_r)
+
+then the recipe's step runs on the full gradients with torch's own utilities (clip_grad_norm_,
+GradScaler, the optimizer). With k micro-batches per step (`recipe.accumulation_steps`) each
+micro-batch's loss is divided by k and its averaged gradient added to the step's:
+
+    g = sum_j (1/W) * sum_r grad(loss_rj / k)
+
+whether the candidate syncs every micro-batch or the last only (that changes its communication, not
+the result). A parameter no rank gives a gradient (frozen, unused) keeps None. `evaluate` is the
+loss in eval mode without gradients. Under mixed precision (param_dtype p, reduce_dtype q) the step is that
+of FSDP's MixedPrecision: forward and backward run on a copy of the float32 master parameters cast
+to p (floating inputs too), gradients are cast to q, averaged in q, and cast to float32 for the
+master step (with `keep_low_precision_grads`, micro-batches' gradients are summed in q).
+
+It is written apart from protocol/torch_style.py on purpose, although the step reads alike: torch-style
+candidates run that one, and a bug shared by the yardstick and the candidate would never show.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from shardcheck.conformance.protocol import Recipe, ShardSpec, StepResult
+
+
+def all_reduce_coalesced_(tensors, group=None) -> None:
+    """``t <- sum over ranks r of t_r`` for every tensor in ``tensors``, in place, in its own dtype.
+
+    One all-reduce per (dtype, device) rather than one per tensor: the tensors are concatenated into
+    one flat buffer, summed, and copied back. The sum is elementwise, so this changes the number of
+    collectives (each one costs milliseconds when ranks outnumber cores), not the math; only the order
+    in which a backend adds more than two ranks' values may differ, as it may between any two backends.
+    """
+    buckets: dict = {}
+    for t in tensors:
+        if t is not None:
+            buckets.setdefault((t.dtype, t.device), []).append(t)
+    for ts in buckets.values():
+        flat = torch.cat([t.reshape(-1) for t in ts])
+        dist.all_reduce(flat, group=group)
+        for t, part in zip(ts, flat.split([t.numel() for t in ts])):
+            t.copy_(part.view_as(t))
+
+
+def predivide_factor(world_size: int) -> int:
+    """torch's ``DefaultState`` gradient pre-divide factor ``f``: start at 1, double while
+    ``ws % f == 0 and ws / f > f`` (about sqrt(ws): 2 -> 2, 4 -> 2, 8 -> 4). FSDP averages as
+    ``(sum_r g_r / f) / (ws / f)``, which decides when a float16 sum overflows.
+
+    shardcheck/reference_impl/collectives.py has its own copy on purpose: this is the yardstick's, and sharing
+    a candidate's code would let a bug in it pass unseen.
+    """
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    return factor
+
+
+def average_gradients_(grads, group=None, *, predivide: bool = False) -> None:
+    """The data-parallel gradient average, in place: ``g <- (1/W) * sum_r g_r`` over the ``W`` ranks
+    of ``group``, in each gradient's own dtype (``None`` entries are skipped).
+
+    ``predivide``: as torch's FSDP does it, ``(sum_r g_r / f) / (W / f)`` with
+    ``f = predivide_factor(W)``, so that a float16 sum overflows exactly when FSDP's does.
+    """
+    grads = [g for g in grads if g is not None]
+    size = dist.get_world_size(group)
+    pre = predivide_factor(size) if predivide else 1
+    if pre > 1:
+        for g in grads:
+            g.div_(pre)
+    all_reduce_coalesced_(grads, group)
+    for g in grads:
+        g.div_(size / pre)
+
+
+class DataParallelReference:
+    """The same interface as a candidate's `Trainer`, computed without sharding."""
+
+    def __init__(self, model: nn.Module, spec: ShardSpec, recipe: Recipe, group=None) -> None:
+        self.master, self.recipe, self.group = model, recipe, group
+        mp = spec.mixed_precision
+        self.compute_dtype = mp.param_dtype if mp and mp.param_dtype else None
+        self.reduce_dtype = (mp.reduce_dtype if mp and mp.reduce_dtype else self.compute_dtype)
+        # keep_low_precision_grads: the step's gradient is summed over micro-batches in reduce_dtype
+        self.grad_dtype = self.reduce_dtype if mp and mp.keep_low_precision_grads else None
+        self.compute = model
+        if self.compute_dtype:  # a low-precision copy; floating inputs are cast to it (as FSDP does)
+            self.compute = copy.deepcopy(model).to(self.compute_dtype)
+            self.compute.register_forward_pre_hook(lambda _, args: tuple(
+                a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+        self.optimizer = recipe.optimizer.build(self.master.parameters())
+        self.scaler = None
+        if recipe.loss_scale is not None:
+            ls = recipe.loss_scale
+            self.scaler = torch.amp.GradScaler(spec.device.type, init_scale=ls.init_scale,
+                                               growth_factor=ls.growth_factor,
+                                               backoff_factor=ls.backoff_factor,
+                                               growth_interval=ls.growth_interval)
+
+    def _sync_compute(self) -> None:
+        """The low-precision copy takes the master values (nothing to do without one)."""
+        if self.compute is not self.master:
+            with torch.no_grad():
+                for low, p in zip(self.compute.parameters(), self.master.parameters()):
+                    low.copy_(p)
+
+    def forward_backward(self, batch) -> torch.Tensor:
+        """One micro-batch: its averaged gradient of loss / k added to the step's (`self.summed`)."""
+        self._sync_compute()
+        k = self.recipe.accumulation_steps
+        self.compute.zero_grad(set_to_none=True)
+        loss = self.recipe.loss_fn(self.compute, batch)
+        scaled = loss / k if k > 1 else loss
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        grads = [None if low.grad is None else low.grad.to(self.reduce_dtype or low.grad.dtype)
+                 for low in self.compute.parameters()]
+        average_gradients_(grads, self.group)
+        summed = getattr(self, "summed", None) or [None] * len(grads)
+        self.summed = [s if g is None else g.to(self.grad_dtype or p.dtype) if s is None
+                       else s + g.to(self.grad_dtype or p.dtype)
+                       for s, g, p in zip(summed, grads, self.master.parameters())]
+        for g, p in zip(self.summed, self.master.parameters()):
+            p.grad = None if g is None else g.to(p.dtype)
+        return loss.detach()
+
+    def evaluate(self, batch) -> torch.Tensor:
+        self._sync_compute()
+        self.compute.eval()
+        try:
+            with torch.no_grad():
+                return self.recipe.loss_fn(self.compute, batch).detach()
+        finally:
+            self.compute.train()
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        inv = 1.0 / self.scaler.get_scale() if self.scaler is not None else 1.0
+        return {n: None if p.grad is None else p.grad.detach() * inv for n, p in self.master.named_parameters()}
+
+    def step(self) -> StepResult:
+        total = None
+        scale_before = self.scaler.get_scale() if self.scaler is not None else None
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.recipe.clip is not None:
+            total = float(torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.recipe.clip.max_norm,
+                                                         self.recipe.clip.norm_type))
+        if self.scaler is None:
+            self.optimizer.step()
+            result = StepResult(total_norm=total)
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            scale = self.scaler.get_scale()
+            result = StepResult(total_norm=total, skipped=scale < scale_before, scale=scale)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.summed = None
+        return result
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.master.named_parameters()}

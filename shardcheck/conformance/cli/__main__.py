@@ -1,0 +1,3 @@
+from shardcheck.conformance.cli.main import console_main
+
+console_main()

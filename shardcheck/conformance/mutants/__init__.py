@@ -1,0 +1,247 @@
+"""Mutants: deliberately broken variants of reference_impl, to show the checks can fail.
+
+Each mutant is an adapter (``--impl shardcheck.conformance.mutants:<Class>``): the reference adapter with one
+bug patched into ``reference_impl`` in every process it reaches (see ``base.py``). Patches are
+process-global and never undone, so run each mutant in its own pytest process;
+``tests/conformance/test_mutants.py`` does, over the check functions listed here, and asserts that
+every mutant is killed (some cell FAILS) while the unmutated reference passes the same cells.
+
+Catalogue (checks: the check functions that must each kill it, under shardcheck/conformance/checks/; every
+listed check runs and must have a FAILED cell: ``test_mutants.py`` skips a check's remaining cells
+once one failed (``shardcheck/conformance/mutants/per_check.py``). Every check function under
+shardcheck/conformance/checks is listed for at least one mutant, except those in ``test_mutants.UNREACHABLE``
+(with the reason). A mutant with ``survivor`` set is a documented gap in the checks, run as a
+strict xfail; one with ``cells`` set must fail exactly those cells of its checks at world size 2
+and pass the others: the training_loop mutants, ``loop.py``; one with ``rows`` set must break
+exactly those promise rows of shardcheck/conformance/measure/promises.py in every cell that killed it: the
+sharding liars, ``footprint.py``):
+
+====================================  ==================================================================================  ==================================================================
+mutant (class)                        bug class modelled                                                                  checks that must each kill it
+====================================  ==================================================================================  ==================================================================
+mutant-clip-local-norm                clip norm from the local shard only (no all-reduce)                                 test_clip_grad_dtensor.py::test_clip_grad_norm_1d
+  (ClipLocalNorm)                                                                                                         test_train_parity.py::test_train_parity
+mutant-clip-replicated-overcount      NO_SHARD/replicated gradients counted once per rank in the norm                     test_clip_grad.py::test_ddp_parity
+  (ClipReplicatedOvercount)
+mutant-clip-inf-summed                inf-norm all-reduced with SUM (sum of per-rank maxima) instead of MAX               test_clip_grad_dtensor.py::test_clip_grad_norm_1d
+  (ClipInfSummed)
+mutant-clip-unclamped                 clip coefficient not clamped to 1 (small gradients scaled up)                       test_clip_grad.py::test_below_max_norm_leaves_grads_unchanged
+  (ClipUnclamped)
+mutant-clip-non-root-accepted         clip_grad_norm_ on a non-root unit not rejected                                     test_clip_grad.py::test_non_root
+  (ClipNonRootAccepted)
+mutant-scaler-found-inf-unsynced      found_inf not all-reduced across ranks                                              test_grad_scaler.py::test_sharded_grad_scaler_found_inf
+  (ScalerFoundInfUnsynced)                                                                                                test_loss_scaling.py::test_skip_backoff_growth
+mutant-scaler-backoff-local           scale backed off only on the rank that saw inf                                      test_grad_scaler.py::test_sharded_grad_scaler_found_inf
+  (ScalerBackoffLocal)
+mutant-scaler-unscale-skips-sparse    unscale_ skips sparse gradients                                                     test_grad_scaler.py::test_scaling_unscaling_sparse
+  (ScalerUnscaleSkipsSparse)
+mutant-comm-hook-ignored              comm hook registered but the default collective used                                test_comm_hooks.py::test_custom_hook_called
+  (CommHookIgnored)
+mutant-comm-hook-reregister           second comm hook registration not rejected                                          test_comm_hooks.py::test_default_communication_hook_initialization
+  (CommHookReregister)
+mutant-comm-hook-non-root-accepted    comm hook registration on a non-root unit not rejected                              test_comm_hooks.py::test_registering_hook_non_root
+  (CommHookNonRootAccepted)
+mutant-grad-divide-twice              wrong gradient divide factor: pre-divide plus full world-size post-divide           test_comm_hooks.py::test_default_communication_hook_behavior
+  (GradDivideTwice)
+mutant-grad-not-averaged              wrong gradient divide factor: summed, not averaged                                  test_comm_hooks.py::test_default_communication_hook_behavior
+  (GradNotAveraged)                                                                                                       test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler
+                                                                                                                          test_grad_scaler.py::test_fsdp_ddp_parity_with_grad_scaler_ws4
+                                                                                                                          test_train_parity.py::test_optimizer_parity
+mutant-mp-reduce-in-param-dtype       mixed precision reduce done in param dtype, reduce_dtype ignored                    test_comm_hooks.py::test_low_precision_hook
+  (ReduceInParamDtype)                                                                                                    test_mixed_precision.py::test_low_precision_compute
+mutant-mp-low-precision-grads-upcast  keep_low_precision_grads ignored (grads upcast)                                     test_clip_grad.py::test_low_precision_grads
+  (LowPrecisionGradsUpcast)
+mutant-uneven-pad-front               off-by-pad in uneven chunking: trailing rank's rows shifted by its padding          test_clip_grad.py::test_ddp_parity
+  (UnevenPadFront)
+mutant-full-shard-stale-regather      FULL_SHARD backward re-gather reuses stale (pre-step) parameters                    test_clip_grad_dtensor.py::test_clip_grad_norm_1d
+  (StaleRegather)
+mutant-ext-hooks-ignored              all-gather extension hooks silently ignored                                         test_extensions.py::test_monkey_patch
+  (ExtensionHooksIgnored)                                                                                                 test_extensions.py::test_train_parity
+                                                                                                                          test_extensions.py::test_uneven_shards
+                                                                                                                          test_extensions.py::test_meta_init_end_to_end
+                                                                                                                          test_extensions_subclasses.py::test_subclass_train_parity
+mutant-ext-instance-hooks-ignored     all-gather hooks patched onto the shard object ignored (class lookup only)          test_extensions.py::test_monkey_patch
+  (ExtensionInstanceHooksIgnored)
+mutant-ext-size-unchecked             wrongly sized fsdp_pre_all_gather inputs not detected (silently cropped)            test_extensions.py::test_wrong_size_raises_on_every_rank
+  (ExtensionSizeUnchecked)
+mutant-clip-no-grads-silent           clip_grad_norm_ on a rank without gradients does not warn                           test_clip_grad.py::test_no_gradients
+  (ClipNoGradsSilent)
+mutant-scaler-sparse-no-coalesce      fp16 sparse gradient inf-checked before coalescing (overflow on coalescing missed)  test_grad_scaler.py::test_scaling_unscaling_sparse
+  (ScalerSparseNoCoalesce)
+mutant-scaler-scale-not-nested        scale() does not recurse into nested iterables                                      test_grad_scaler.py::test_grad_scaling
+  (ScalerScaleNotNested)
+mutant-scaler-no-backoff              scale not backed off after an inf/NaN step                                          test_grad_scaler.py::test_inf_gradients_skip_optim_step
+  (ScalerNoBackoff)                                                                                                       test_loss_scaling.py::test_skip_backoff_growth
+mutant-scaler-growth-off-by-one       growth interval off by one (grows one finite step late)                             test_loss_scaling.py::test_skip_backoff_growth
+  (ScalerGrowthOffByOne)
+mutant-hybrid-no-replica-reduce       HYBRID_SHARD gradients reduced within the shard group only, not across replicas     test_train_parity.py::test_train_parity_hybrid
+  (HybridNoReplicaReduce)
+mutant-comm-hook-root-only-checked    root registration ignores a hook already on a sub-unit                              test_comm_hooks.py::test_registering_hook_submodules
+  (CommHookRootOnlyChecked)
+mutant-comm-hook-non-atomic           refused root registration leaves earlier units hooked (not all-or-nothing)          test_comm_hooks.py::test_refused_registration_leaves_no_hook
+  (CommHookNonAtomic)
+mutant-hybrid-shard-size-squared      HYBRID_SHARD averages over sws * sws ranks: wrong on non-square meshes              test_explore.py::test_explore
+  (HybridShardSizeSquared)            (the fixed matrix has one mesh, (2, 2): it misses it)
+mutant-ckpt-step-reset                optimizer step count not saved (restarts at 0 after a load)                         test_checkpoint.py::test_resume
+  (CheckpointStepReset)                                                                                                   test_checkpoint.py::test_resume_loss_scaling
+                                                                                                                          test_checkpoint_reshard.py::test_reshard
+mutant-ckpt-scaler-not-restored       loss scale and growth tracker not restored on load                                  test_checkpoint.py::test_resume_loss_scaling
+  (CheckpointScalerNotRestored)
+mutant-ckpt-optim-state-not-resharded optimizer state not resharded (own rank's file) at another world size              test_checkpoint_reshard.py::test_reshard
+  (CheckpointOptimStateNotResharded)
+mutant-ckpt-export-local-shard        full_state_dict returns the local shards                                            test_checkpoint.py::test_consolidated_export
+  (CheckpointExportLocalShard)
+mutant-ckpt-load-unchecked            load does not validate files and shapes (errors name nothing)                       test_checkpoint.py::test_bad_input
+  (CheckpointLoadUnchecked)
+mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)  test_sharding.py::test_sharding
+  (ReplicatesDeclaresFullShard)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
+mutant-no-reshard-after-forward       FULL_SHARD never reshards after forward (gathered parameters kept until backward)   test_sharding.py::test_sharding
+  (NoReshardAfterForward)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
+mutant-unsharded-optimizer-state      optimizer state kept at full size on every rank (parameters and gradients sharded)  test_sharding.py::test_sharding
+  (UnshardedOptimizerState)
+                                                                                                                          test_sharding.py::test_sharding_hybrid
+mutant-gather-all-at-forward-start    FULL_SHARD gathers every unit at once when forward starts, again when backward does  test_sharding.py::test_sharding
+  (GatherAllAtForwardStart)           rows: gathered during forward, gathered during backward, peak during the step
+mutant-all-reduce-then-slice          gradients all-reduced whole and sliced instead of reduce-scattered                  test_sharding.py::test_sharding
+  (AllReduceThenSlice)                rows: reduce_scatter bytes sent, all_reduce bytes sent
+mutant-extra-parameter-copy           an unsharded copy of the parameters kept on every rank                              test_sharding.py::test_sharding
+  (ExtraParameterCopy)                rows: held between steps
+mutant-two-units-kept-after-forward   FULL_SHARD keeps two units gathered after forward                                   test_sharding.py::test_sharding
+  (TwoUnitsKeptAfterForward)          rows: kept gathered after forward, all_gather bytes sent
+mutant-gather-twice-in-backward       FULL_SHARD all-gathers each unit twice in backward                                  test_sharding.py::test_sharding
+  (GatherTwiceInBackward)             rows: all_gather bytes sent
+mutant-full-gradient-bucket           gradients kept full-size in an engine-owned buffer until the step                   test_sharding.py::test_sharding
+  (FullGradientBucket)                rows: gradients after backward, held after backward, peak during the step
+mutant-accumulation-overwrite         accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)    test_training_loop.py::test_training_loop
+  (AccumulationOverwrite)             exactly the cells [*-accumulate-*]                                                  test_training_loop.py::test_training_loop_mixed_precision
+mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outside autograd (their gradient lost)        test_training_loop.py::test_training_loop_mixed_precision
+  (DetachedInputCast)                 exactly: every shape but frozen, and every low-precision-gradient cell              test_training_loop.py::test_low_precision_grads_norm
+mutant-mp-reduce-lost-after-eval      reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)  test_training_loop.py::test_training_loop_mixed_precision
+  (ReduceDtypeLostAfterEval)          exactly the cells [*-eval_between-*]
+mutant-clip-norm-in-grad-dtype        clip norm accumulated and reduced in the gradient dtype (bfloat16), not float32     test_training_loop.py::test_low_precision_grads_norm
+  (NormInGradDtype)
+mutant-no-sync-held-dropped           gradients held under no_sync dropped on the last micro-batch's reduction            test_training_loop.py::test_training_loop
+  (UnsyncedDroppedOnLast)             exactly the cells [*-accumulate_no_sync-*]                                          test_training_loop.py::test_training_loop_mixed_precision
+====================================  ==================================================================================  ==================================================================
+"""
+
+from shardcheck.conformance.mutants.base import MutantAdapter, applied
+from shardcheck.conformance.mutants.checkpoint import (
+    CheckpointExportLocalShard,
+    CheckpointLoadUnchecked,
+    CheckpointOptimStateNotResharded,
+    CheckpointScalerNotRestored,
+    CheckpointStepReset,
+)
+from shardcheck.conformance.mutants.clip import (
+    ClipInfSummed,
+    ClipLocalNorm,
+    ClipNoGradsSilent,
+    ClipNonRootAccepted,
+    ClipReplicatedOvercount,
+    ClipUnclamped,
+)
+from shardcheck.conformance.mutants.comm import (
+    CommHookIgnored,
+    CommHookNonAtomic,
+    CommHookNonRootAccepted,
+    CommHookReregister,
+    CommHookRootOnlyChecked,
+)
+from shardcheck.conformance.mutants.footprint import (
+    AllReduceThenSlice,
+    ExtraParameterCopy,
+    FullGradientBucket,
+    GatherAllAtForwardStart,
+    GatherTwiceInBackward,
+    NoReshardAfterForward,
+    ReplicatesDeclaresFullShard,
+    TwoUnitsKeptAfterForward,
+    UnshardedOptimizerState,
+)
+from shardcheck.conformance.mutants.extensions import (
+    ExtensionHooksIgnored,
+    ExtensionInstanceHooksIgnored,
+    ExtensionSizeUnchecked,
+)
+from shardcheck.conformance.mutants.loop import (
+    AccumulationOverwrite,
+    DetachedInputCast,
+    NormInGradDtype,
+    ReduceDtypeLostAfterEval,
+    UnsyncedDroppedOnLast,
+)
+from shardcheck.conformance.mutants.scaler import (
+    ScalerBackoffLocal,
+    ScalerFoundInfUnsynced,
+    ScalerGrowthOffByOne,
+    ScalerNoBackoff,
+    ScalerScaleNotNested,
+    ScalerSparseNoCoalesce,
+    ScalerUnscaleSkipsSparse,
+)
+from shardcheck.conformance.mutants.sharding import (
+    GradDivideTwice,
+    GradNotAveraged,
+    HybridShardSizeSquared,
+    HybridNoReplicaReduce,
+    LowPrecisionGradsUpcast,
+    ReduceInParamDtype,
+    StaleRegather,
+    UnevenPadFront,
+)
+
+MUTANTS: tuple[type[MutantAdapter], ...] = (
+    ClipLocalNorm,
+    ClipReplicatedOvercount,
+    ClipInfSummed,
+    ClipUnclamped,
+    ClipNonRootAccepted,
+    ScalerFoundInfUnsynced,
+    ScalerBackoffLocal,
+    ScalerUnscaleSkipsSparse,
+    CommHookIgnored,
+    CommHookReregister,
+    CommHookNonRootAccepted,
+    GradDivideTwice,
+    GradNotAveraged,
+    ReduceInParamDtype,
+    LowPrecisionGradsUpcast,
+    UnevenPadFront,
+    StaleRegather,
+    ExtensionHooksIgnored,
+    ExtensionInstanceHooksIgnored,
+    ExtensionSizeUnchecked,
+    ClipNoGradsSilent,
+    ScalerSparseNoCoalesce,
+    ScalerScaleNotNested,
+    ScalerNoBackoff,
+    ScalerGrowthOffByOne,
+    HybridNoReplicaReduce,
+    CommHookRootOnlyChecked,
+    CommHookNonAtomic,
+    HybridShardSizeSquared,
+    CheckpointStepReset,
+    CheckpointScalerNotRestored,
+    CheckpointOptimStateNotResharded,
+    CheckpointExportLocalShard,
+    CheckpointLoadUnchecked,
+    ReplicatesDeclaresFullShard,
+    NoReshardAfterForward,
+    UnshardedOptimizerState,
+    GatherAllAtForwardStart,
+    AllReduceThenSlice,
+    ExtraParameterCopy,
+    TwoUnitsKeptAfterForward,
+    GatherTwiceInBackward,
+    FullGradientBucket,
+    AccumulationOverwrite,
+    DetachedInputCast,
+    ReduceDtypeLostAfterEval,
+    NormInGradDtype,
+    UnsyncedDroppedOnLast,
+)
+
+__all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

@@ -1,0 +1,126 @@
+"""Mutants of the loop users run (family training_loop): gradient accumulation, no_sync, the input
+cast and reduce dtype of mixed precision around an evaluation forward, the norm of low-precision
+gradients (shardcheck/reference_impl/sharding.py, accumulation.py, clip.py).
+
+Besides the check functions that must each kill it, each names `cells`: globs over the cells of
+those functions at world size 2 that must fail, every other cell of them must pass
+(tests/conformance/test_mutants.py::test_loop_mutant_kills_exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import torch
+from torch.utils._pytree import tree_map
+
+from shardcheck.conformance.mutants.base import MutantAdapter, replace
+
+LOOP = "test_training_loop.py::test_training_loop"
+MIXED = "test_training_loop.py::test_training_loop_mixed_precision"
+LOW_GRADS = "test_training_loop.py::test_low_precision_grads_norm"
+
+
+def _module(name: str):
+    return importlib.import_module(f"shardcheck.reference_impl.{name}")
+
+
+class AccumulationOverwrite(MutantAdapter):
+    """A micro-batch's reduced gradient REPLACES the shard's gradient instead of adding to it: with
+    gradients synced on every micro-batch, the step trains on the last micro-batch's gradient only
+    (no_sync runs reduce once per step, so they are untouched)."""
+
+    name = "mutant-accumulation-overwrite"
+    bug = "accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)"
+    checks = (LOOP, MIXED)
+    cells = ("test_training_loop[*-accumulate-*]", "test_training_loop_mixed_precision[*-accumulate-*]")
+
+    def patch(self) -> None:
+        def overwrite(param, grad, dtype):
+            param.grad = grad.to(device=param.device, dtype=dtype)
+
+        replace(_module("sharding"), "_accumulate", overwrite)
+
+
+class DetachedInputCast(MutantAdapter):
+    """Mixed precision: a unit's floating inputs cast to the compute dtype outside autograd
+    (``x.detach().to(dtype)``): every gradient behind a unit boundary is lost (embed gets only the
+    residual path's share through `body`'s input)."""
+
+    name = "mutant-mp-detached-input-cast"
+    bug = "unit inputs cast to the compute dtype outside autograd (their gradient lost)"
+    checks = (MIXED, LOW_GRADS)
+    cells = ("test_low_precision_grads_norm[*]", *(f"test_training_loop_mixed_precision[*-{shape}-*]" for shape in
+                                                   ("accumulate", "accumulate_no_sync", "eval_between", "tied", "unused")))
+
+    def patch(self) -> None:
+        def detached(tree, dtype):
+            if dtype is None:
+                return tree
+            return tree_map(lambda x: x.detach().to(dtype) if torch.is_tensor(x) and x.is_floating_point() else x,
+                            tree)
+
+        replace(_module("sharding"), "cast_floating", detached)
+
+
+class ReduceDtypeLostAfterEval(MutantAdapter):
+    """A unit whose FIRST forward runs without gradients (an evaluation before training) loses the
+    policy's reduce dtype: its gradients are reduced in param_dtype from then on (state set up
+    lazily on a path the no-grad forward skips)."""
+
+    name = "mutant-mp-reduce-lost-after-eval"
+    bug = "reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)"
+    checks = (MIXED,)
+    cells = ("test_training_loop_mixed_precision[*-eval_between-*]",)
+
+    def patch(self) -> None:
+        sharding = _module("sharding")
+        original = sharding.before_forward
+
+        def forgetting(module, args, kwargs):
+            unit = sharding.unit_of(module)
+            if not unit.__dict__.get("_seen_forward"):
+                unit._seen_forward = True
+                if not torch.is_grad_enabled() and unit.mp is not None:
+                    unit.mp = dataclasses.replace(unit.mp, reduce_dtype=None)
+            return original(module, args, kwargs)
+
+        replace(sharding, "before_forward", forgetting)
+
+
+class NormInGradDtype(MutantAdapter):
+    """clip_grad_norm_ accumulates sum |g|^p (and reduces it across ranks) in the gradients' own
+    dtype instead of float32: with low-precision gradients the norm is rounded to bfloat16."""
+
+    name = "mutant-clip-norm-in-grad-dtype"
+    bug = "clip norm accumulated and reduced in the gradient dtype (bfloat16), not float32"
+    checks = (LOW_GRADS,)
+    cells = ("test_low_precision_grads_norm[*]",)
+
+    def patch(self) -> None:
+        def in_grad_dtype(grads, norm_type, device):
+            grads = [g for g in grads if g.numel() > 0]
+            if not grads:
+                return torch.zeros((), dtype=torch.float32, device=device)
+            norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads])
+            return norms.max() if norm_type == float("inf") else (norms ** norm_type).sum()
+
+        replace(_module("clip"), "_local_norm", in_grad_dtype)
+
+
+class UnsyncedDroppedOnLast(MutantAdapter):
+    """no_sync: the gradients held over the unsynced micro-batches are dropped when the last
+    micro-batch reduces (only its own gradient is reduced)."""
+
+    name = "mutant-no-sync-held-dropped"
+    bug = "gradients held under no_sync dropped on the last micro-batch's reduction"
+    checks = (LOOP, MIXED)
+    cells = ("test_training_loop[*-accumulate_no_sync-*]", "test_training_loop_mixed_precision[*-accumulate_no_sync-*]")
+
+    def patch(self) -> None:
+        def dropped(unit, grads):
+            unit.unsynced = None
+            return list(grads)
+
+        replace(_module("sharding"), "merge_unsynced", dropped)

@@ -1,0 +1,23 @@
+"""The contract between shardcheck and an implementation: adapter protocol, training-step recipe,
+capability vocabulary, outcomes. Adapter authors import from here (see docs/adapters.md)."""
+
+import importlib
+
+
+__all__ = ["API", "Adapter", "BEHAVIOUR", "CAPABILITIES", "Clip", "LossScale", "MixedPrecision",
+           "OUTCOMES", "Optimizer", "Recipe", "STRATEGIES", "ShardSpec", "StepResult", "TorchAPI",
+           "TorchStyleAdapter", "TorchStyleTrainer", "Trainer", "Unsupported", "evaluation_loss"]
+
+# Each name from its module on first use (PEP 562): the pytest plugins import the light modules of
+# this package (outcomes, capabilities) in every session; torch comes with the adapter protocol.
+_HOME = {**dict.fromkeys(("Adapter", "StepResult", "TorchAPI", "Trainer", "evaluation_loss"), "adapter"),
+         **dict.fromkeys(("API", "BEHAVIOUR", "CAPABILITIES", "STRATEGIES"), "capabilities"),
+         **dict.fromkeys(("OUTCOMES", "Unsupported"), "outcomes"),
+         **dict.fromkeys(("Clip", "LossScale", "MixedPrecision", "Optimizer", "Recipe", "ShardSpec"), "spec"),
+         **dict.fromkeys(("TorchStyleAdapter", "TorchStyleTrainer"), "torch_style")}
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        return getattr(importlib.import_module(f"shardcheck.conformance.protocol.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'shardcheck.conformance.protocol' has no attribute {name!r}")

@@ -1,0 +1,140 @@
+"""The adapter protocol: what a candidate implementation provides to be judged.
+
+Behaviour layer (every implementation): `trainer(model, spec, recipe)` returns a `Trainer` that
+performs the training step its own way (its own backward, optimizer, clipping, loss scaling) and
+hands back full parameters and gradients. The behaviour checks compare those, step by step, with
+unsharded data-parallel training. `TorchStyleAdapter` (torch_style.py) implements `trainer` from the
+API-layer methods below, so an implementation that exposes torch's APIs gets it for free.
+
+API layer (only implementations exposing torch's FSDP-style APIs): the `TorchAPI` methods, each
+guarded by an API capability (capabilities.API).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step reports. `total_norm`: the norm clipping measured (before clipping;
+    None without a clip); `skipped`: the update was skipped (inf/NaN under loss scaling); `scale`:
+    the loss scale after the step's update (None without loss scaling)."""
+
+    total_norm: float | None = None
+    skipped: bool = False
+    scale: float | None = None
+
+
+def evaluation_loss(model: nn.Module, loss_fn: Callable, batch: Any) -> torch.Tensor:
+    """An evaluation forward as users write it: `model.eval()`, no gradients, this rank's loss
+    (detached), and the model back in training mode. What `Trainer.evaluate` does for an engine
+    whose module is the model users call."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return loss_fn(model, batch).detach()
+    finally:
+        model.train()
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """The candidate's training loop for one model. Collective methods run on every rank."""
+
+    def forward_backward(self, batch: Any) -> torch.Tensor:
+        """Forward, `recipe.loss_fn`, backward (scaled when the recipe scales the loss). Returns
+        this rank's loss, detached. Called `recipe.accumulation_steps` times per step (one per
+        micro-batch); gradients accumulate, and with `sync_each_micro_batch=False` only the last
+        call of a step communicates them."""
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        """After `forward_backward`: {name: the full gradient} with names as in the unsharded model,
+        averaged over the data-parallel ranks, unscaled, not yet clipped. Collective."""
+
+    def step(self) -> StepResult:
+        """Clip (if the recipe clips), optimizer step (skipped on inf/NaN under loss scaling),
+        loss-scale update, zero the gradients."""
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """{name: the full float32 (master) parameter}. Collective."""
+
+    # Optional, with the capability `eval_forward`: evaluate(self, batch) -> Tensor: this rank's loss
+    # of `recipe.loss_fn` in eval mode without gradients (between steps); training goes on after it.
+    #
+    # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
+    # engine state) whether it passed or not.
+    #
+    # Optional, with the capability `checkpoint` (docs/checkpoints.md), all collective:
+    #   save(self, path) -> None: write the model, optimizer and loss-scaler state into the directory
+    #     `path` (created if needed; nothing written outside it) in the engine's own format.
+    #   load(self, path) -> None: on a freshly built trainer (possibly at another world size), restore
+    #     what `save` wrote so that training continues the saved trajectory exactly; raise an error
+    #     naming what is wrong (missing file, truncated file, mismatched parameter) on every rank.
+    #   full_state_dict(self) -> dict[str, Tensor]: the consolidated state dict, on every rank, that
+    #     the plain unsharded model accepts with `load_state_dict(strict=True)`.
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """Required of every implementation. Optional attributes: `expectations` (the path of its
+    known-failures manifest, relative to the adapter's module file; default
+    shardcheck/conformance/expectations/<name>.toml), `variants` ({variant: description}; the class is then
+    called with `variant=...` for `name[variant]`)."""
+
+    name: str
+    version: str
+    capabilities: frozenset[str]
+
+    def trainer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> Trainer:
+        """Shard `model` (built identically on every rank) as `spec` says, ready to train by `recipe`."""
+
+
+class TorchAPI(Protocol):
+    """The API layer: torch FSDP-style entry points, each reached only under its capability."""
+
+    def shard(self, model: nn.Module, spec: ShardSpec) -> nn.Module:
+        """Shard `model` as `spec` says; return the root, trained with plain `loss.backward()`."""
+
+    def full_params(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """{name: full parameter} on every rank, names as in the unsharded model. Collective."""
+
+    def full_grads(self, model: nn.Module) -> dict[str, torch.Tensor | None]:
+        """{name: full averaged gradient or None} on every rank. Collective."""
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float) -> torch.Tensor:
+        """Clip in place; return the total norm as a plain tensor, equal on every rank."""
+
+    def clip_grad_norm_unit_(self, model: nn.Module, path: str, max_norm: float) -> torch.Tensor:
+        """Call clip on the non-root unit at `path` (the implementation must refuse)."""
+
+    def grad_scaler(self, **kwargs) -> Any:
+        """A sharded grad scaler (torch.amp.GradScaler API, found_inf agreed across ranks)."""
+
+    def register_comm_hook(self, model: nn.Module, state: Any, hook: Callable, path: str = "") -> None:
+        """Register `hook` with `state` on the unit at `path` ("" is the root)."""
+
+    def comm_hooks(self, model: nn.Module) -> list[tuple[Any, Any]]:
+        """(hook, state) of every unit, root first; (None, None) where none is registered."""
+
+    def compression_hook(self, dtype: torch.dtype) -> tuple[Any, Callable]:
+        """The implementation's own (state, hook) that compresses gradients to `dtype`."""
+
+    def local_shards(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """{name: the tensor that is all-gathered from}, for monkey-patching all-gather hooks."""
+
+    def save_checkpoint(self, model: nn.Module, optimizer, scaler, path: str) -> None:
+        """Capability `checkpoint`: the engine's own save of model, optimizer and scaler (None
+        without loss scaling) into the directory `path`. Collective."""
+
+    def load_checkpoint(self, model: nn.Module, optimizer, scaler, path: str) -> None:
+        """Capability `checkpoint`: the engine's own load of what `save_checkpoint` wrote. Collective."""
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Capability `checkpoint`: the consolidated state dict of the unsharded model. Collective."""

@@ -1,0 +1,165 @@
+"""What a check asks of an implementation: how to shard (`ShardSpec`) and what one training step is
+(`Recipe`). Plain data: the adapter maps it onto its own engine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from shardcheck.conformance.protocol.capabilities import of_strategy
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Compute in `param_dtype`, reduce gradients in `reduce_dtype`; the sharded (master) parameters
+    and the optimizer stay in float32. `buffer_dtype` and `keep_low_precision_grads` are FSDP1's."""
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    buffer_dtype: torch.dtype | None = None
+    keep_low_precision_grads: bool = False
+
+
+@dataclass(eq=False)
+class ShardSpec:
+    """How to shard a model. `units` are sub-modules (by class, or dotted path) sharded as their own
+    units before the root; `unit_strategies` overrides the strategy per dotted path (mixed strategy).
+    `mesh` is 1-D, or 2-D (replicate, shard) for HYBRID_SHARD; the device comes from it."""
+
+    strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
+    units: tuple = ()
+    unit_strategies: dict[str, str] = field(default_factory=dict)
+    mixed_precision: MixedPrecision | None = None
+    offload: bool = False
+    mesh: Any = None  # a DeviceMesh
+
+    def __post_init__(self) -> None:
+        for strategy in (self.strategy, *self.unit_strategies.values()):
+            of_strategy(strategy)  # a typo is an error, not a silently different strategy
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the ranks' compute: the mesh's device type (cpu without a mesh)."""
+        if self.mesh is None:
+            return torch.device("cpu")
+        kind = self.mesh.device_type
+        return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+
+    @property
+    def strategies(self) -> set[str]:
+        return {self.strategy, *self.unit_strategies.values()}
+
+    def unit_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The (path, module) pairs that become units, deepest first, root excluded."""
+        found = []
+        for path, module in model.named_modules():
+            if not path:
+                continue
+            if any(isinstance(u, type) and isinstance(module, u) for u in self.units) or \
+                    path in self.units or path in self.unit_strategies:
+                found.append((path, module))
+        return sorted(found, key=lambda pm: -pm[0].count("."))
+
+    def strategy_of(self, path: str) -> str:
+        return self.unit_strategies.get(path, self.strategy)
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """torch's optimizer `kind` ("sgd", "adam" or "adamw") with these hyper-parameters. An engine
+    that owns its optimizer must apply exactly this update rule."""
+
+    kind: str = "adam"
+    lr: float = 1e-2
+    momentum: float = 0.0            # sgd
+    betas: tuple[float, float] = (0.9, 0.999)  # adam, adamw
+    eps: float = 1e-8                # adam, adamw
+    weight_decay: float = 0.0
+
+    def build(self, params) -> torch.optim.Optimizer:
+        """The torch optimizer (foreach off: one code path for sharded and unsharded tensors)."""
+        if self.kind == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum,
+                                   weight_decay=self.weight_decay, foreach=False)
+        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.kind]
+        return cls(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+                   foreach=False)
+
+
+@dataclass(frozen=True)
+class Clip:
+    """Scale all gradients by min(1, max_norm / (total_norm + 1e-6)), where total_norm is the
+    `norm_type`-norm of every gradient of the model concatenated (the global, unsharded norm)."""
+
+    max_norm: float
+    norm_type: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.norm_type not in (1.0, 2.0, math.inf):
+            raise ValueError(f"norm_type {self.norm_type}: the checks use 1, 2 or inf")
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Dynamic loss scaling (torch.amp.GradScaler semantics): the loss is multiplied by the scale
+    before backward; a step whose gradients hold an inf or NaN on ANY rank is skipped on every rank
+    and the scale is multiplied by `backoff_factor`; after `growth_interval` finite steps in a row
+    the scale is multiplied by `growth_factor`."""
+
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training step: `loss = loss_fn(model, batch)` (this rank's mean loss), backward, then
+    (if `clip`) clip, then the optimizer step (skipped on inf/NaN when `loss_scale`), then zero the
+    gradients. The data-parallel loss is the mean of the ranks' losses, so gradients are averaged.
+
+    The loop around the step (the defaults are one micro-batch per step, nothing else):
+
+    * `accumulation_steps` k: `forward_backward` is called k times per step, on micro-batches
+      j = 1..k, before `full_grads` and `step`; the step's gradient is the mean over ranks r and
+      micro-batches j, ``g = (1/(W k)) sum_r sum_j grad(loss_rj)`` (users divide each micro-batch's
+      loss by k before backward; an engine that does so itself, as DeepSpeed does, need not).
+    * `sync_each_micro_batch`: False asks the engine to suppress gradient communication on the
+      first k-1 micro-batches (FSDP1/DDP `no_sync()`, FSDP2 `set_requires_gradient_sync(False)`)
+      and reduce the sum on the last: the same `g`, one reduction per step.
+    * `eval_every` n (0: never): an evaluation forward (`model.eval()`, no gradients) on the step's
+      first micro-batch before every step i with i % n == 0, so step 0's first forward is one.
+    * `frozen`, `unused`, `tied`: facts about the model the trainer is given, named so that an
+      engine can refuse them: parameters that arrive with requires_grad=False; parameters the
+      loss never uses (no rank gives them a gradient: their gradient stays None and the optimizer
+      skips them); (name, alias) pairs where one parameter is held by two modules (listed once,
+      under `name`, by named_parameters())."""
+
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor]
+    optimizer: Optimizer = Optimizer()
+    clip: Clip | None = None
+    loss_scale: LossScale | None = None
+    accumulation_steps: int = 1
+    sync_each_micro_batch: bool = True
+    eval_every: int = 0
+    frozen: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
+    tied: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.accumulation_steps < 1 or self.eval_every < 0:
+            raise ValueError(f"accumulation_steps {self.accumulation_steps} < 1 or eval_every {self.eval_every} < 0")
+
+    def micro_batches(self, batch) -> list:
+        """The micro-batches of one step: `batch` itself, or the k items of it when k > 1."""
+        if self.accumulation_steps == 1:
+            return [batch]
+        assert len(batch) == self.accumulation_steps, f"{len(batch)} micro-batches, recipe says {self.accumulation_steps}"
+        return list(batch)
+
+    def evaluates_before(self, step: int) -> bool:
+        return bool(self.eval_every) and step % self.eval_every == 0

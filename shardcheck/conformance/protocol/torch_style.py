@@ -1,0 +1,127 @@
+"""The training step of an implementation that exposes torch's APIs, written once.
+
+`TorchStyleAdapter.trainer` shards with `shard`, builds the recipe's torch optimizer over the
+sharded module's parameters, and runs the step the way torch users write it:
+
+    loss = loss_fn(model, batch); scaler.scale(loss).backward()
+    scaler.unscale_(optimizer); total = clip_grad_norm_(model, max_norm, norm_type)
+    scaler.step(optimizer); scaler.update(); optimizer.zero_grad(set_to_none=True)
+
+so torch-style adapters (reference, FSDP1, FSDP2, DDP) implement only the API methods.
+
+The loop around it (spec.Recipe) is written as users write it too: with k micro-batches each loss
+is divided by k before backward, and when gradients are synced on the last micro-batch only, the
+first k-1 backwards run inside the adapter's `no_sync(model)` (FSDP1/DDP `no_sync()`, FSDP2
+`set_requires_gradient_sync(False)`); `evaluate` runs `model.eval()` under `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+
+from shardcheck.conformance.protocol.adapter import StepResult, evaluation_loss
+from shardcheck.conformance.protocol.outcomes import Unsupported
+from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
+
+
+class TorchStyleTrainer:
+    def __init__(self, adapter, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
+        self.adapter, self.recipe = adapter, recipe
+        self.model = adapter.prepare(model, spec, recipe)
+        self.optimizer = recipe.optimizer.build(self.model.parameters())
+        self.scaler = None
+        if recipe.loss_scale is not None:
+            ls = recipe.loss_scale
+            self.scaler = adapter.grad_scaler(device=spec.device.type, init_scale=ls.init_scale,
+                                              growth_factor=ls.growth_factor,
+                                              backoff_factor=ls.backoff_factor,
+                                              growth_interval=ls.growth_interval)
+
+    def forward_backward(self, batch) -> torch.Tensor:
+        k = self.recipe.accumulation_steps
+        self.micro = getattr(self, "micro", 0) + 1
+        last = self.micro % k == 0
+        quiet = not last and not self.recipe.sync_each_micro_batch
+        with self.adapter.no_sync(self.model) if quiet else contextlib.nullcontext():
+            loss = self.recipe.loss_fn(self.model, batch)
+            scaled = loss / k if k > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return loss.detach()
+
+    def evaluate(self, batch) -> torch.Tensor:
+        """The loss in eval mode without gradients; the model is put back in training mode."""
+        return evaluation_loss(self.model, self.recipe.loss_fn, batch)
+
+    def full_grads(self) -> dict[str, torch.Tensor | None]:
+        grads = self.adapter.full_grads(self.model)
+        if self.scaler is None:
+            return grads
+        inv = 1.0 / self.scaler.get_scale()
+        return {n: None if g is None else g.float() * inv for n, g in grads.items()}
+
+    def step(self) -> StepResult:
+        total = None
+        scale_before = self.scaler.get_scale() if self.scaler is not None else None
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.recipe.clip is not None:
+            clip = self.recipe.clip
+            total = float(self.adapter.clip_grad_norm_(self.model, clip.max_norm, clip.norm_type))
+        if self.scaler is None:
+            self.optimizer.step()
+            skipped, scale = False, None
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            scale = self.scaler.get_scale()
+            skipped = scale < scale_before  # GradScaler backs off exactly when it skipped the step
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(total_norm=total, skipped=skipped, scale=scale)
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        return {n: p.float() for n, p in self.adapter.full_params(self.model).items()}
+
+    # Capability `checkpoint`: the adapter's save_checkpoint / load_checkpoint / full_state_dict.
+    def save(self, path) -> None:
+        self.adapter.save_checkpoint(self.model, self.optimizer, self.scaler, str(path))
+
+    def load(self, path) -> None:
+        self.adapter.load_checkpoint(self.model, self.optimizer, self.scaler, str(path))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.adapter.full_state_dict(self.model)
+
+
+class TorchStyleAdapter:
+    """Base class of adapters that expose torch's APIs: `trainer` comes from `shard` & co.
+
+    Behaviour capabilities that follow from API ones need not be repeated: a torch-style adapter with
+    `clip_grad_norm` clips with any norm type, and one with `sharded_grad_scaler` scales the loss."""
+
+    def trainer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> TorchStyleTrainer:
+        return TorchStyleTrainer(self, model, spec, recipe)
+
+    def prepare(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> nn.Module:
+        """`shard(model, spec)`; an adapter whose wrapping depends on the loop (DDP's
+        find_unused_parameters for `recipe.unused`) overrides this."""
+        return self.shard(model, spec)
+
+    def no_sync(self, model: nn.Module):
+        """A context in which backward accumulates gradients without communicating them (capability
+        `no_sync`); the next backward outside it reduces everything accumulated."""
+        raise Unsupported(f"{self.name}: no sync suppression (no_sync) for gradient accumulation")
+
+    @staticmethod
+    def implied(capabilities: set[str]) -> frozenset[str]:
+        """`capabilities` plus the behaviour capabilities its API capabilities imply."""
+        out = set(capabilities)
+        if "clip_grad_norm" in out:
+            out |= {"clip_norm_1", "clip_norm_2", "clip_norm_inf"}
+        if "sharded_grad_scaler" in out:
+            out.add("loss_scaling")
+        if "mixed_precision" in out:
+            out |= {"mixed_precision_bf16", "mixed_precision_fp16"}
+        return frozenset(out)
