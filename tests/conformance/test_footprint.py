@@ -249,3 +249,32 @@ def test_simulate_hybrid_shard_through_the_trainer_on_a_2d_mesh():
     assert (figures["strategy"], figures["shard_size"], figures["replicas"]) == ("HYBRID_SHARD", 32, 2)
     assert "all_reduce" in figures["sent"]["by_kind"]  # across the replicas
     assert figures["optimizer"]["measured"] < 0.1 * figures["optimizer"]["unsharded"] and rank["failures"] == []
+
+
+class MaterializesWhole(ReplicatingFullShard):
+    """A liar for the meta build: declares meta_init, then materializes the whole model on the CPU
+    before sharding it (what an engine does that cannot shard a meta model)."""
+
+    name = "materializes-whole"
+    capabilities = frozenset({"full_shard", "meta_init"})
+
+    def trainer(self, model, spec, recipe):
+        from shardcheck.conformance.adapters.reference import ReferenceAdapter
+
+        return ReferenceAdapter().trainer(model.to_empty(device="cpu"), spec, recipe)
+
+
+@pytest.mark.parametrize("name", ["reference", "torch-fsdp2", "torch-fsdp1"])
+def test_simulate_builds_on_meta_and_materializes_only_the_shards(name):
+    """A meta_init adapter is handed the model on meta: while its trainer is made, no more than one
+    unit whole (FSDP1 materializes unit by unit) and the rank's shards are alive (a row of its
+    verdict); an adapter that materializes the whole model fails that row."""
+    from shardcheck.conformance.simulate import trainers
+
+    rank = trainers.simulate_rank(name, 64, "tiny", 0)
+    p = rank["figures"]["parameter_bytes"]
+    assert rank["built_on"] == "meta" and rank["failures"] == []
+    assert rank["construction_bytes"] < p, (rank["construction_bytes"], p)
+    whole = trainers.simulate_rank(f"{__name__}:MaterializesWhole", 8, "tiny", 0)  # little padding at 8
+    assert whole["built_on"] == "meta" and whole["construction_bytes"] >= p
+    assert [f for f in whole["failures"] if f.startswith("built on meta: ")], whole["failures"]

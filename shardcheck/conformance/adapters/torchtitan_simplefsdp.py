@@ -21,7 +21,7 @@ import importlib.metadata
 import torch
 
 from shardcheck.conformance.adapters.dtensors import full_tensors
-from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss
+from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss, materialize, on_meta
 
 try:
     from torchtitan.distributed.utils import clip_grad_norm_
@@ -49,6 +49,8 @@ class SimpleFSDPTrainer:
         # policy (FINDINGS F17): a fresh cache, so that this model gets its own.
         simple_fsdp._wrap_class_cache.clear()
         self.model = data_parallel(model, spec.mesh, MODES[spec.strategy], policy)
+        if on_meta(self.model):  # built on meta: each parameter's DTensor allocates its shard alone
+            materialize(self.model, spec.device)
         if mp and mp.param_dtype:
             self.model.register_forward_pre_hook(cast_inputs(mp.param_dtype))
         self.recipe, self.dp_size = recipe, spec.mesh.size()
@@ -95,7 +97,7 @@ class SimpleFSDPAdapter:
     version = importlib.metadata.version("torchtitan")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_1",
                               "clip_norm_2", "clip_norm_inf", "mixed_precision_bf16", "mixed_precision_fp16",
-                              "grad_accumulation", "eval_forward", "unused_params"})
+                              "grad_accumulation", "eval_forward", "unused_params", "meta_init"})
 
     def trainer(self, model, spec, recipe):
         if len(spec.strategies) > 1 or spec.offload:

@@ -20,6 +20,9 @@ model or the engine allocated, and runs the given steps. The figures are those o
     peak        the most held during forward_backward, less held before it
     traffic     the step's collectives (forward_backward and step): by kind, calls, volume, bytes
                 sent per rank in a ring (traffic.Collective.sent), dtypes and group sizes
+    construction  the most held at once while the model was built and the trainer made: the whole
+                model for one built on the CPU, this rank's shards (one unit at a time for FSDP1)
+                for one built on meta (capability meta_init)
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Callable
 import torch
 
 from shardcheck.conformance.measure.memory import MemoryTracker
+from shardcheck.conformance.protocol.adapter import on_meta
 from shardcheck.conformance.measure.traffic import CollectiveCounter
 
 
@@ -47,9 +51,12 @@ def measure(ctx, build: Callable[[], torch.nn.Module], make_trainer: Callable, r
 
     with MemoryTracker(ctx.device) as mem:
         with ctx.seeded(0):
-            model = build().to(ctx.device)
+            model = build()
+        if not on_meta(model):  # a meta model is the trainer's to materialize (capability meta_init)
+            model = model.to(ctx.device)
         trainer = make_trainer(model, dataclasses.replace(recipe, loss_fn=loss_fn))
         del model  # what the engine keeps of it is the engine's
+        construction = mem.peak  # the most alive at once while the model was built and handed over
         try:
             for i, batch in enumerate(batches):
                 gc.collect()
@@ -72,7 +79,7 @@ def measure(ctx, build: Callable[[], torch.nn.Module], make_trainer: Callable, r
     return {"rest": {**rest, "total": sum(rest.values())}, "forward": held_at_end - before, "kept": kept,
             "gathered": {"forward": forward_gathered, "backward": backward_gathered},
             "backward": after_backward - before, "gradients": gradients, "peak": peak - before,
-            "traffic": traffic_table(counter)}
+            "traffic": traffic_table(counter), "construction": construction}
 
 
 def _gradient_bytes(mem: MemoryTracker, epoch: int) -> int:

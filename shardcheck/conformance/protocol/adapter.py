@@ -81,6 +81,27 @@ class Trainer(Protocol):
     #     the plain unsharded model accepts with `load_state_dict(strict=True)`.
 
 
+def on_meta(model: nn.Module) -> bool:
+    """Whether `model` still has a parameter or buffer on the meta device (no storage yet)."""
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, device: torch.device) -> nn.Module:
+    """A model built on the meta device and sharded (capability `meta_init`): `to_empty(device)`
+    allocates what this rank holds of each tensor (its shard, not the whole), then the values are
+    zeros, and each module's `reset_parameters()` where its parameters are its own (not behind a
+    parametrization, whose property is a computed tensor). What the trainer of an engine that takes
+    a meta model calls after sharding it."""
+    model.to_empty(device=device)
+    for t in (*model.parameters(), *model.buffers()):
+        t.zero_()
+    for module in model.modules():
+        if hasattr(module, "reset_parameters") and not getattr(module, "parametrizations", None):
+            module.reset_parameters()
+    return model
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """Required of every implementation. Optional attributes: `expectations` (the path of its
@@ -93,7 +114,9 @@ class Adapter(Protocol):
     capabilities: frozenset[str]
 
     def trainer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> Trainer:
-        """Shard `model` (built identically on every rank) as `spec` says, ready to train by `recipe`."""
+        """Shard `model` (built identically on every rank) as `spec` says, ready to train by `recipe`.
+        With capability `meta_init`, `model` may arrive on the meta device: the trainer materializes
+        only what this rank holds (`materialize`, after sharding)."""
 
 
 class TorchAPI(Protocol):

@@ -22,7 +22,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from shardcheck.conformance.protocol.adapter import StepResult, evaluation_loss
+from shardcheck.conformance.protocol.adapter import StepResult, evaluation_loss, materialize, on_meta
 from shardcheck.conformance.protocol.outcomes import Unsupported
 from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
 
@@ -31,6 +31,8 @@ class TorchStyleTrainer:
     def __init__(self, adapter, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
         self.adapter, self.recipe = adapter, recipe
         self.model = adapter.prepare(model, spec, recipe)
+        if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
+            materialize(self.model, spec.device)
         self.optimizer = recipe.optimizer.build(self.model.parameters())
         self.scaler = None
         if recipe.loss_scale is not None:

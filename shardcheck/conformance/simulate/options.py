@@ -27,5 +27,6 @@ PRESETS = {
     "tiny": Preset(layers=2, d_model=24, heads=2, ffn=37, vocab=101),
     "transformer-1b": Preset(layers=24, d_model=2048, heads=16, ffn=5461, vocab=32000),
     "llama-tiny": Preset(layers=3, d_model=24, heads=4, ffn=37, vocab=101, arch="llama", kv_heads=2),
+    "llama3-70b": Preset(layers=80, d_model=8192, heads=64, ffn=28672, vocab=128256, arch="llama", kv_heads=8),
     "llama3-405b": Preset(layers=126, d_model=16384, heads=128, ffn=53248, vocab=128256, arch="llama", kv_heads=8),
 }

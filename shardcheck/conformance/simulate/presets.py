@@ -11,7 +11,9 @@ architecture, arithmetic that touches no parameter is left out (see :class:`Llam
 key/value heads of head dim 128 (separate wq / wk / wv / wo, no biases), a SwiGLU MLP of 53248
 (w1 gate, w3 up, w2 down), RMSNorm weights, a 128256-token embedding and an untied output head:
 405,853,388,800 parameters (shapes only: see :class:`LlamaBlock` for what its forward leaves
-out).  ``llama-tiny``: the same architecture small and odd (GQA 4 query / 2 kv heads).
+out).  ``llama3-70b``: Llama-3-70B's -- 80 blocks of d_model 8192, 64 query and 8 key/value heads,
+an MLP of 28672, the same vocabulary: 70,553,706,496 parameters.  ``llama-tiny``: the same
+architecture small and odd (GQA 4 query / 2 kv heads).
 """
 from __future__ import annotations
 

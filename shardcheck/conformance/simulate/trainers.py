@@ -3,8 +3,9 @@
 (shardcheck/conformance/measure: bytes held by kind, gathered after forward, collectives) and judged by the same
 promises (shardcheck/conformance/measure/promises.py). Nothing here knows any engine.
 
-One process plays one rank of N (fake_group.fake_world): the model is built on the CPU (a preset,
-every rank alike), handed to the trainer with every transformer block as a unit (FULL_SHARD, or
+One process plays one rank of N (fake_group.fake_world): the model is built on the meta device
+when the adapter declares `meta_init` (its trainer materializes this rank's shards alone), else on
+the CPU, whole, as the engine needs it (the report says which, and the bytes); it is handed to the trainer with every transformer block as a unit (FULL_SHARD, or
 HYBRID_SHARD on a 2-D (replicate, shard) mesh), and trained one step; the collectives return at once with meaningless data, so nothing is compared but bytes. The
 unsharded figures are the model's arithmetic, not a run (unsharded training of a billion parameters
 does not fit a rank): parameters P, Adam's two moments 2P, gradients P, and no activation worth
@@ -98,12 +99,29 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
                        if shape2d.two_d else init_device_mesh("cpu", (world_size,)))
         spec = ShardSpec(strategy=strategy, units=units, mesh=device_mesh)
         tokens = shape.example_input("cpu")
-        measured = footprint.measure(_Rank(rank), lambda: build(model_name, "cpu"),
+        device = "meta" if "meta_init" in adapter.capabilities else "cpu"
+        measured = footprint.measure(_Rank(rank), lambda: build(model_name, device),
                                      lambda model, recipe: adapter.trainer(model, spec, recipe), RECIPE, [tokens])
     shapes = promises.Shapes.of(shape, units, shape2d.shard)
     failures, figures = promises.judge(strategy, shape2d.shard, shape2d.replicate, measured, unsharded_figures(p), shapes)
-    return {"rank": rank, "failures": failures, "figures": figures,
+    if device == "meta":
+        failures += _materialized_whole(measured["construction"], shapes)
+    return {"rank": rank, "failures": failures, "figures": figures, "built_on": device,
+            "construction_bytes": measured["construction"],
             "seconds": round(time.perf_counter() - started, 1), "max_rss_mib": round(max_rss_mib(), 1)}
+
+
+def _materialized_whole(construction: int, shapes: promises.Shapes) -> list[str]:
+    """meta_init's promise: while the trainer is made, at most one unit whole, twice (an engine that
+    materializes unit by unit and flattens it, as FSDP1, copies the unit into its flat parameter
+    while the unit's own tensors are alive), and this rank's shards: never the model whole."""
+    bound = 2 * shapes.largest_unit_bytes + shapes.shard_bytes + promises.SMALL
+    if construction <= bound:
+        return []
+    p = shapes.parameter_bytes
+    return [f"built on meta: {size(construction)} alive at once while the trainer was made ({construction / p:.2f}x "
+            f"of the parameters); meta_init promises <= {size(bound)} ({bound / p:.2f}x: one unit whole, twice, "
+            f"and this rank's shards)"]
 
 
 def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None,
@@ -174,7 +192,11 @@ def human_summary(report: dict) -> str:
              f"  coverage: {report['coverage']}"]
     for r in report["ranks"]:
         by_kind = r["figures"]["rest"]["by_kind"]
-        lines.append(f"  rank {r['rank']} ({r['seconds']} s): holds " + ", ".join(
+        p = r["figures"]["parameter_bytes"]
+        built = (f"on meta, at most {size(r['construction_bytes'])} ({r['construction_bytes'] / p:.4f}x of the "
+                 f"parameters) alive while the trainer was made" if r["built_on"] == "meta" else
+                 f"whole on the CPU ({size(r['construction_bytes'])}): the adapter declares no meta_init")
+        lines.append(f"  rank {r['rank']} ({r['seconds']} s, {r['max_rss_mib']:.0f} MiB RSS, built {built}): holds " + ", ".join(
             f"{k} {size(v)}" for k, v in by_kind.items()) + "; sends " + ", ".join(
             f"{k} {size(v['sent'])}" for k, v in sorted(r["figures"]["sent"]["by_kind"].items())))
     for c in report["cells"]:
