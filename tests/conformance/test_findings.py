@@ -82,3 +82,18 @@ def test_optional_repros_are_present_and_run_where_installed(prefix, module):
     assert scripts, f"no {prefix}* repro scripts"
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed: its repros run in .ci/run, where it is")
+
+
+def test_a_torch_outside_the_judged_releases_is_said_in_one_line():
+    """shardcheck never replaces the user's torch (a lower bound only): on a release it was not judged
+    on it runs, and says that known failures scoped to the judged releases do not apply."""
+    from importlib.metadata import requires
+
+    from shardcheck.conformance.expectations import releases
+
+    torch_requirement = [r for r in requires("shardcheck") if r.split(">")[0].split("=")[0] == "torch"]
+    assert torch_requirement == ["torch>=2.13"], torch_requirement  # no upper cap
+    assert releases.unjudged("2.13.0+cpu") is None and releases.unjudged(None) is None
+    note = releases.unjudged("2.14.1+cu128")
+    assert note.startswith("torch 2.14.1+cu128 is outside the releases") and ">=2.13,<2.14" in note
+    assert "\n" not in note and releases.unjudged("2.9.1") is not None

@@ -60,6 +60,7 @@ from shardcheck.conformance.checks import FAMILIES
 from shardcheck.conformance.cli import explore as explore_command
 from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import interrupts, report_commands
+from shardcheck.conformance.expectations import releases
 from shardcheck.pytest_plugin import RANK_TIMEOUT_S
 
 CHECKS = Path(__file__).parents[1] / "checks"
@@ -84,6 +85,8 @@ def _run(args, passthrough: list[str]) -> int:
     # check would race with rank 0's lock on the stream, or unlink the file rank 0 just created).
     writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
     _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as `python -m` would
+    if note := releases.unjudged(releases.installed_torch()):  # runs all the same, saying so first
+        print(f"shardcheck: {note}", file=sys.stderr)
     refused = _unloadable(args.impl or [])
     if refused:
         return refused

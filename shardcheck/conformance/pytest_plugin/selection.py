@@ -89,8 +89,11 @@ def _split(chunk: str) -> list[str]:
 def pytest_report_header(config):
     if config._shardcheck_impls is None:
         return None  # not asked for (--shardcheck-impl): no line in an unrelated session's header
+    from shardcheck.conformance.expectations import releases
+
+    note = releases.unjudged(releases.installed_torch())
     return [f"shardcheck impl {name}: {a.name} {a.version} [{', '.join(sorted(a.capabilities))}]"
-            for name, a in config._shardcheck_impls.items()]
+            for name, a in config._shardcheck_impls.items()] + ([f"shardcheck: {note}"] if note else [])
 
 
 def pytest_generate_tests(metafunc):
