@@ -115,6 +115,7 @@ def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]
 
 
 ALONE_S = 1.0  # how long a rank may wait in a collective whose missing ranks have all returned
+UNWIND_S = 2.0  # how long the rank threads of a finished test get to end (a hung one is left)
 
 
 def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) -> dict[int, RankResult]:
@@ -190,6 +191,10 @@ def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
         results[r] = unfinished(r, thread_stack(threads[r]), finished, timeout, label=" (thread)")
     if pending:
         mtpg.ProcessLocalGroup.exception_handle(TimeoutError("shardcheck: test stopped"))
-        for t in threads:
-            t.join(0.5)
+    # A rank woken by the termination event (a failure, an unmatched collective, the deadline) is
+    # still unwinding, and sets the event again on its way out: the next test must not start (the
+    # caller resets the group) before it is gone, or that test's first collective is terminated.
+    end = time.monotonic() + UNWIND_S
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
     return [results[r] for r in range(world_size)], threads
