@@ -93,7 +93,10 @@ def test_a_torch_outside_the_judged_releases_is_said_in_one_line():
 
     torch_requirement = [r for r in requires("shardcheck") if r.split(">")[0].split("=")[0] == "torch"]
     assert torch_requirement == ["torch>=2.13"], torch_requirement  # no upper cap
-    assert releases.unjudged("2.13.0+cpu") is None and releases.unjudged(None) is None
-    note = releases.unjudged("2.14.1+cu128")
-    assert note.startswith("torch 2.14.1+cu128 is outside the releases") and ">=2.13,<2.14" in note
-    assert "\n" not in note and releases.unjudged("2.9.1") is not None
+    assert releases.unjudged("2.13.0+cpu", ["deepspeed"]) is None and releases.unjudged(None) is None
+    note = releases.unjudged("2.15.0+cu130", ["reference"])
+    assert note.startswith("torch 2.15.0+cu130 is not a release shardcheck's expectations were judged on (2.13.0, 2.14.1)")
+    assert "\n" not in note
+    assert releases.unjudged("2.14.1+cu130", ["torch-fsdp2", "torch-fsdp1[flat]", "ddp"]) is None
+    note = releases.unjudged("2.14.1", ["torch-fsdp2", "deepspeed"])
+    assert note.startswith("torch 2.14.1: the expectations of deepspeed were judged on 2.13.0 only")

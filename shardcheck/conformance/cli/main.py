@@ -85,7 +85,7 @@ def _run(args, passthrough: list[str]) -> int:
     # check would race with rank 0's lock on the stream, or unlink the file rank 0 just created).
     writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
     _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as `python -m` would
-    if note := releases.unjudged(releases.installed_torch()):  # runs all the same, saying so first
+    if note := releases.unjudged(releases.installed_torch(), args.impl or ["reference"]):  # runs all the same, saying so first
         print(f"shardcheck: {note}", file=sys.stderr)
     refused = _unloadable(args.impl or [])
     if refused:

@@ -91,7 +91,7 @@ def pytest_report_header(config):
         return None  # not asked for (--shardcheck-impl): no line in an unrelated session's header
     from shardcheck.conformance.expectations import releases
 
-    note = releases.unjudged(releases.installed_torch())
+    note = releases.unjudged(releases.installed_torch(), list(config._shardcheck_impls))
     return [f"shardcheck impl {name}: {a.name} {a.version} [{', '.join(sorted(a.capabilities))}]"
             for name, a in config._shardcheck_impls.items()] + ([f"shardcheck: {note}"] if note else [])
 
