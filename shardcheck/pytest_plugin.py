@@ -71,8 +71,7 @@ def pytest_addoption(parser, pluginmanager):
 
 
 def pytest_plugin_registered(plugin, manager):
-    if _parser and manager.hasplugin("xdist"):
-        _teach_gpus(manager)
+    _teach_gpus(manager)
 
 
 def _teach_gpus(manager) -> None:
@@ -98,8 +97,9 @@ def asked_for(config) -> bool:
     by a launcher."""
     env = os.environ
     launched = "TORCHELASTIC_RUN_ID" in env or (env.get("SHARDCHECK_LAUNCHER") == "srun" and "SLURM_PROCID" in env)
-    gpus = "shardcheck.harness.xdist_support" in sys.modules and sys.modules["shardcheck.harness.xdist_support"].header_line()
-    return launched or bool(gpus) or OPTION_PREFIX in env.get("PYTEST_ADDOPTS", "") or any(
+    teacher = sys.modules.get("shardcheck.harness.xdist_support")  # imported where xdist is
+    gpus = teacher is not None and teacher.header_line() is not None
+    return launched or gpus or OPTION_PREFIX in env.get("PYTEST_ADDOPTS", "") or any(
         str(arg).startswith(OPTION_PREFIX) for arg in config.invocation_params.args)
 
 
