@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shardcheck.compat import all_gather_single
 from shardcheck.harness.digest import SIZE as DIGEST_SIZE
 from shardcheck.harness.digest import digest
 
@@ -91,7 +92,7 @@ class RankContext:
             sent[0] = 1
             sent[1:] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
         out = torch.empty(self.world_size * (1 + DIGEST_SIZE), dtype=torch.uint8, device=self.device)
-        dist.all_gather_single(out, sent.to(self.device), group=self.group)
+        all_gather_single(out, sent.to(self.device), group=self.group)
         return [bytes(row[1:].tolist()) if row[0] else None for row in out.cpu().view(self.world_size, -1)]
 
     def assert_equal_across_ranks(self, value: Any, what: str = "value") -> None:

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from shardcheck.compat import all_gather_single, reduce_scatter_single
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -148,7 +150,7 @@ def all_gather_flat(local: torch.Tensor, group) -> torch.Tensor:
     if ws == 1:
         return local
     out = torch.empty(ws * local.numel(), dtype=local.dtype, device=local.device)
-    dist.all_gather_single(out, local.contiguous(), group=group)
+    all_gather_single(out, local.contiguous(), group=group)
     return out
 
 
@@ -186,7 +188,7 @@ def average_gradient(flat: torch.Tensor, shard_group, replicate_group) -> torch.
         flat = flat / pre
     if sws > 1:
         out = torch.empty(flat.numel() // sws, dtype=flat.dtype, device=flat.device)
-        dist.reduce_scatter_single(out, flat, group=shard_group)
+        reduce_scatter_single(out, flat, group=shard_group)
     else:
         out = flat
     if rws > 1:

@@ -18,6 +18,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from shardcheck.compat import reduce_scatter_single
+
 from .collectives import predivide_factor
 from .sharding import ShardingStrategy, unit_of, units
 
@@ -60,7 +62,7 @@ def reduce_scatter_hook(state: DefaultState, grad: torch.Tensor, output: torch.T
     """``output <- (reduce_scatter_sum(grad / pre))[rank] / post`` = this rank's slice of the mean."""
     if state.gradient_predivide_factor > 1:
         grad.div_(state.gradient_predivide_factor)
-    dist.reduce_scatter_single(output, grad, group=state.process_group)
+    reduce_scatter_single(output, grad, group=state.process_group)
     if state.gradient_postdivide_factor > 1:
         output.div_(state.gradient_postdivide_factor)
 

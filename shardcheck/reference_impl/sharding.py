@@ -34,6 +34,8 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from shardcheck.compat import set_grad
+
 from . import collectives as C
 from .unsynced import hold, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
@@ -346,7 +348,7 @@ def _accumulate(param: nn.Parameter, grad: torch.Tensor, dtype: torch.dtype) -> 
     """``param.grad += grad`` in ``param.grad``'s device and dtype (CPU offload, low-precision grads)."""
     grad = grad.to(device=param.device, dtype=dtype)
     if param.grad is None:
-        param.grad = grad
+        set_grad(param, grad)
     else:
         param.grad += grad
 

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from shardcheck.compat import all_gather_single
+
 
 def full_tensors(tensors: dict) -> dict:
     """``{name: detached copy of the whole value}`` for a dict of tensors, DTensors or None."""
@@ -70,7 +72,7 @@ def _gather_rows(group, dtype, device, members) -> dict:
         layouts.append((name, t.shape, chunk))
     flat = torch.cat(parts)
     gathered = torch.empty(size * flat.numel(), dtype=dtype, device=device)
-    dist.all_gather_single(gathered, flat, group=group)
+    all_gather_single(gathered, flat, group=group)
     blocks = gathered.view(size, -1).split([chunk * math.prod(shape[1:]) for _, shape, chunk in layouts], dim=1)
     return {name: block.reshape(size * chunk, *shape[1:])[: shape[0]].clone()
             for (name, shape, chunk), block in zip(layouts, blocks)}

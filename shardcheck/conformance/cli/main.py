@@ -15,8 +15,7 @@ written; 4 an unknown name; 5 no cell selected; 6 an adapter module that raised 
 interrupted (Ctrl-C, however many: its report says complete: false). Bad input is one line on
 stderr, checked before any cell runs, and leaves no file behind. Several
 implementations run on pytest-xdist workers, one per core (`--workers N` sets it, 0 for this
-process alone; one implementation runs in this process unless told). The default report name
-carries the time and the process id, so runs started together never share a file.
+process alone; one implementation runs in this process unless told).
 
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
 
@@ -39,6 +38,10 @@ collectives at world sizes beyond the machine. `run --launcher torchrun` runs on
 
 draws whole training configurations, compares each with unsharded data-parallel training, and
 shrinks a new failure to a minimal configuration with a one-line reproducer.
+
+    shardcheck releases torch==2.9.1,2.14.1 [--impl NAME]... [-- run args]   (cli/releases.py)
+
+runs the matrix on each release in a virtualenv of its own: one report per release and implementation.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from shardcheck.conformance.checks import FAMILIES
 from shardcheck.conformance.cli import explore as explore_command
 from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import interrupts, report_commands
+from shardcheck.conformance.cli import releases as releases_command
 from shardcheck.conformance.expectations import releases
 from shardcheck.pytest_plugin import RANK_TIMEOUT_S
 
@@ -359,22 +363,19 @@ def main(argv: list[str] | None = None) -> int:
     from shardcheck.conformance.simulate import command as simulate_command
     simulate_command.add_parser(sub)
     explore_command.add_parser(sub)
+    releases_command.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
     args.argv = full_argv
-    if args.command in ("matrix", "diff"):
-        if extra or passthrough:
-            parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
-        return _matrix_or_diff(args)
-    if args.command == "report":
-        if extra or passthrough:
-            parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
-        return (report_commands.assemble if args.report_command == "assemble" else report_commands.upgrade)(args)
     if args.command == "simulate":
         return _simulate(args, extra + passthrough)
-    if args.command == "explore":
-        if extra or passthrough:
-            parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
-        return explore_command.main(args)
+    if args.command != "run" and (extra or (passthrough and args.command != "releases")):
+        parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
+    if args.command in ("matrix", "diff"):
+        return _matrix_or_diff(args)
+    if args.command == "report":
+        return (report_commands.assemble if args.report_command == "assemble" else report_commands.upgrade)(args)
+    if args.command in ("explore", "releases"):
+        return explore_command.main(args) if args.command == "explore" else releases_command.main(args, passthrough)
     try:
         return _run(args, extra + passthrough)
     except KeyboardInterrupt:  # a Ctrl-C outside pytest's session: before its first cell, after its report

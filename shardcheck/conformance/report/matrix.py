@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from shardcheck.conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
-from shardcheck.conformance.report import coverage, footprints, texts
+from shardcheck.conformance.report import coverage, footprints, texts, trend
 from shardcheck.conformance.report.cells import strip_impl
 from shardcheck.conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
 
@@ -66,9 +66,31 @@ def newest_last(reports: list[dict]) -> list[dict]:
     return sorted(reports, key=lambda r: (r.get("started") or "", r.get("finished") or ""))
 
 
+def column_sources(reports: list[dict]) -> dict[str, tuple[str, str]]:
+    """{column: (implementation, torch release)} for the columns `merge` makes."""
+    return {_column(impl, report, tags): (impl, trend.release(report))
+            for tags in [_tags(reports)] for report in reports for impl in {c["impl"] or "-" for c in report["cells"]}}
+
+
+def _tags(reports: list[dict]) -> dict[str, set[tuple[str, str]]]:
+    tags = defaultdict(set)
+    for report in reports:
+        for cell in report["cells"]:
+            tags[cell["impl"] or "-"].add((_backends(report), trend.release(report)))
+    return tags
+
+
+def _column(impl: str, report: dict, tags: dict) -> str:
+    """The implementation, suffixed with the backends and/or the torch release where the same
+    implementation comes from runs that differ in them."""
+    backends, releases = ({t[i] for t in tags[impl]} for i in (0, 1))
+    suffix = [_backends(report)] * (len(backends) > 1) + [f"torch {trend.release(report)}"] * (len(releases) > 1)
+    return f"{impl} ({', '.join(suffix)})" if suffix else impl
+
+
 def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str, str], dict]:
-    """{(column, cell id): cell}. The column is the implementation, suffixed with the backends when
-    the same implementation comes from runs on different backends.
+    """{(column, cell id): cell}. The column is the implementation, suffixed with the backends and/or
+    the torch release when the same implementation comes from runs that differ in them (`_column`).
 
     Where several reports hold the same cell, a verdict (passed, failed, xfailed, ...) beats a cell
     that reached none (unsupported, skipped: a run that could not run it says nothing about it), and
@@ -76,15 +98,11 @@ def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str,
     reports are given in. Each such choice between two different outcomes is appended to
     `conflicts` as (column, cell id, kept cell, its report, dropped cell, its report)."""
     reports = newest_last(reports)
-    tags = defaultdict(set)
-    for report in reports:
-        for cell in report["cells"]:
-            tags[cell["impl"] or "-"].add(_backends(report))
+    tags = _tags(reports)
     cells, source = {}, {}
     for report in reports:
         for cell in report["cells"]:
-            impl = cell["impl"] or "-"
-            column = impl if len(tags[impl]) == 1 else f"{impl} ({_backends(report)})"
+            column = _column(cell["impl"] or "-", report, tags)
             key = (column, cell_id(report, cell))
             kept = cells.get(key)
             if kept is not None and kept["outcome"] not in NOT_REACHED and cell["outcome"] in NOT_REACHED:
@@ -214,6 +232,9 @@ def markdown(reports: list[dict], chart: str | None = None) -> str:
                                                  *items, "", "</details>"]
     if not groups:
         out += ["", "None."]
+    across = trend.by_release(cells, column_sources(reports))
+    if trend.spans_releases(across):
+        out += trend.markdown(across)
     fails = failing(cells)
     out += ["", f"### Failing cells ({len(fails)})"]
     if fails:

@@ -1,0 +1,147 @@
+"""`shardcheck releases`: judge implementations on several releases of torch (or of any package),
+each in its own virtualenv, never touching the environment shardcheck runs from.
+
+    shardcheck releases torch==2.9.1,2.12.1,2.14.1 --impl reference --impl torch-fsdp2
+    shardcheck releases accelerate==1.12.0,1.13.0 --impl accelerate -- --world-sizes 2
+
+For every pinned release: a virtualenv under --envs (made once, then reused while its pins are the
+same), with that release, the torch of the running environment when the pin is not torch itself,
+and this shardcheck (editable from its source checkout, or the same version from the index); then
+`shardcheck run` there once per implementation, its report at ``OUT/<package>-<version>/<impl>.json``.
+Arguments after ``--`` go to every `shardcheck run`. uv makes the virtualenvs when it is on PATH
+(one download cache for every release), pip otherwise (--installer).
+
+Exit code: the worst of the runs' (0 all passed, 1 a failed cell, 2 an environment that could not be
+made or a run that could not start). `shardcheck matrix OUT/*/*.json` shows the trend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_OUT = "reports/releases"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("releases", help="run the matrix on several releases of torch (or of a package), "
+                                        "each in its own virtualenv; one report per release and implementation")
+    p.add_argument("pins", nargs="+", metavar="PACKAGE==V1,V2,...",
+                   help="a package and the releases to judge, e.g. torch==2.9.1,2.14.1 or accelerate==1.13.0")
+    p.add_argument("--impl", action="append", help="implementation (repeatable); default reference")
+    p.add_argument("--with", dest="extra", action="append", default=[], metavar="REQUIREMENT",
+                   help="also install this in every environment (repeatable), e.g. 'deepspeed==0.18.9'")
+    p.add_argument("--envs", default=str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                                         / "shardcheck" / "envs"),
+                   help="where the virtualenvs live (default ~/.cache/shardcheck/envs)")
+    p.add_argument("-o", "--output", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"reports go to DIR/<package>-<version>/<impl>.json (default {DEFAULT_OUT})")
+    p.add_argument("--installer", choices=("uv", "pip"), default="uv" if shutil.which("uv") else "pip",
+                   help="what makes the virtualenvs (default uv when on PATH, else pip)")
+
+
+def releases(pins: list[str]) -> list[tuple[str, str]]:
+    """``["torch==2.9.1,2.14.1"]`` -> ``[("torch", "2.9.1"), ("torch", "2.14.1")]``."""
+    out = []
+    for pin in pins:
+        package, sep, versions = pin.partition("==")
+        if not sep or not package.strip() or not versions.strip():
+            raise ValueError(f"{pin!r}: expected PACKAGE==V1[,V2...], e.g. torch==2.9.1,2.14.1")
+        out += [(package.strip().lower(), v.strip()) for v in versions.split(",") if v.strip()]
+    return out
+
+
+def requirements(package: str, version: str, extra: list[str]) -> list[str]:
+    """What one environment installs: the pinned release, the running torch when the pin is another
+    package (so its dependencies do not pick a torch of their own), the extras, and shardcheck."""
+    import torch
+
+    pins = [f"{package}=={version}"]
+    if package != "torch":
+        pins.append(f"torch=={torch.__version__.split('+')[0]}")
+    return pins + list(extra) + _shardcheck()
+
+
+def _shardcheck() -> list[str]:
+    """This shardcheck: editable from its source checkout, else the same version from the index."""
+    from importlib.metadata import version
+
+    root = Path(__file__).resolve().parents[3]
+    if (root / "pyproject.toml").is_file() and (root / "shardcheck").is_dir():
+        return ["-e", f"{root}[explore]"]
+    return [f"shardcheck[explore]=={version('shardcheck')}"]
+
+
+def environment(envs: Path, package: str, version: str, wanted: list[str], installer: str) -> Path:
+    """The virtualenv for one release: reused when it holds the same requirements, else (re)made."""
+    env = envs / f"{package}-{version}"
+    stamp = env / "shardcheck-requirements.json"
+    python = env / "bin" / "python"
+    if python.exists() and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return env
+    if env.exists():
+        shutil.rmtree(env)
+    if installer == "uv":
+        _call(["uv", "venv", "-q", "--python", sys.executable, str(env)])
+        _call(["uv", "pip", "install", "-q", "--python", str(python), *wanted])
+    else:
+        _call([sys.executable, "-m", "venv", str(env)])
+        _call([str(python), "-m", "pip", "install", "-q", *wanted])
+    stamp.write_text(json.dumps(wanted))
+    return env
+
+
+class EnvironmentFailed(Exception):
+    pass
+
+
+def _call(argv: list[str]) -> None:
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        tail = done.stdout.strip().splitlines()[-1:] or ["(no output)"]
+        raise EnvironmentFailed(f"`{' '.join(argv[:4])} ...` exited {done.returncode}: {tail[0]}")
+
+
+def summary(path: Path) -> str:
+    """One line from a report: outcome counts and the torch it ran on."""
+    report = json.loads(path.read_text())
+    counts = report["summary"]["by_outcome"]
+    shown = ", ".join(f"{n} {outcome}" for outcome, n in counts.items() if n)
+    return f"torch {report['target']['torch']}: {shown}"
+
+
+def main(args, passthrough: list[str]) -> int:
+    try:
+        todo = releases(args.pins)
+    except ValueError as exc:
+        print(f"shardcheck releases: {exc}", file=sys.stderr)
+        return 2
+    impls, worst = args.impl or ["reference"], 0
+    print(f"shardcheck releases: {len(todo)} release(s) x {len(impls)} implementation(s); "
+          f"virtualenvs in {args.envs} ({args.installer})", flush=True)
+    for package, version in todo:
+        started = time.monotonic()
+        try:
+            env = environment(Path(args.envs), package, version,
+                              requirements(package, version, args.extra), args.installer)
+        except EnvironmentFailed as exc:
+            print(f"shardcheck releases: {package}=={version}: no environment: {exc}", file=sys.stderr)
+            worst = 2
+            continue
+        print(f"shardcheck releases: {package}=={version}: environment ready in "
+              f"{time.monotonic() - started:.0f} s ({env})", flush=True)
+        for impl in impls:
+            out = Path(args.output) / f"{package}-{version}" / f"{impl}.json"
+            argv = [str(env / "bin" / "python"), "-m", "shardcheck.conformance.cli", "run", "--impl", impl,
+                    "-o", str(out), *passthrough]
+            code = subprocess.call(argv)
+            worst = max(worst, code if code in (0, 1) else 2)
+            done = summary(out) if out.is_file() else "no report"
+            print(f"shardcheck releases: {package}=={version} {impl}: exit {code}; {done}; {out}", flush=True)
+    print(f"shardcheck releases: the trend: shardcheck matrix {args.output}/*/*.json", flush=True)
+    return worst

@@ -1,0 +1,133 @@
+"""The release axis: `shardcheck releases` (its pins, environments and runs) and the trend across
+torch releases in `shardcheck matrix` (shardcheck/conformance/report/trend.py)."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from shardcheck.conformance.cli import releases as command
+from shardcheck.conformance.cli.main import main
+from shardcheck.conformance.report import matrix, trend
+
+from report_samples import cell, report, write
+
+
+def on(torch_version, cells, day):
+    r = report(cells, day=day)
+    r["target"]["torch"] = torch_version
+    return r
+
+
+def known(impl, check, finding):
+    c = cell(impl, check, "xfailed")
+    c["expectation"] = {"finding": finding, "reason": f"{finding} reason", "repro": f"repros/{finding}.py"}
+    return c
+
+
+def releases_of(impl="torch-fsdp2"):
+    """F1 known on 2.9.1, fixed in 2.10.0; F2 known on 2.9.1, fails unscoped on 2.10.0; a cell added
+    in 2.10.0."""
+    old = on("2.9.1+cu128", [known(impl, "test_a", "F1"), known(impl, "test_b", "F2"),
+                             cell(impl, "test_c", "passed")], day=1)
+    new = on("2.10.0+cpu", [cell(impl, "test_a", "passed"), cell(impl, "test_b", "failed"),
+                            cell(impl, "test_c", "passed"), cell(impl, "test_new", "passed")], day=2)
+    return [old, new]
+
+
+def test_the_same_implementation_on_two_releases_gets_a_column_per_release():
+    cells = matrix.merge(releases_of())
+    assert {column for column, _ in cells} == {"torch-fsdp2 (torch 2.9.1)", "torch-fsdp2 (torch 2.10.0)"}
+    assert set(matrix.column_sources(releases_of()).values()) == {("torch-fsdp2", "2.9.1"), ("torch-fsdp2", "2.10.0")}
+
+
+def test_one_release_keeps_the_plain_column_and_no_trend_section(tmp_path):
+    one = [on("2.9.1+cu128", [cell("ddp", "test_a", "passed")], day=1),
+           on("2.9.1+cpu", [cell("ddp", "test_b", "passed")], day=2)]
+    assert {column for column, _ in matrix.merge(one)} == {"ddp"}
+    assert "Across torch releases" not in matrix.markdown(one)
+
+
+def test_counts_are_over_the_cells_every_release_collected_and_new_cells_apart():
+    rels = trend.by_release(matrix.merge(releases_of()), matrix.column_sources(releases_of()))["torch-fsdp2"]
+    assert list(rels) == ["2.9.1", "2.10.0"]  # version order, not string order
+    per = trend.counts(rels)
+    assert per["2.9.1"] == ({"xfailed": 2, "passed": 1}, 0)
+    assert per["2.10.0"] == ({"passed": 2, "failed": 1}, 1)
+
+
+def test_each_finding_gets_its_state_per_release_and_first_broken_and_fixed():
+    rels = trend.by_release(matrix.merge(releases_of()), matrix.column_sources(releases_of()))["torch-fsdp2"]
+    states = trend.findings(rels)
+    assert states == {"F1": {"2.9.1": "known", "2.10.0": "passes"}, "F2": {"2.9.1": "known", "2.10.0": "FAILS"}}
+    assert trend.first_broken_and_fixed(states["F1"]) == ("2.9.1", "2.10.0")
+    assert trend.first_broken_and_fixed(states["F2"]) == ("2.9.1", "–")
+    assert trend.first_broken_and_fixed({"a": "passes", "b": "known", "c": "passes", "d": "FAILS"}) == ("b", "–")
+    assert trend.first_broken_and_fixed({"a": "–", "b": "passes"}) == ("–", "–")
+
+
+def test_matrix_markdown_shows_the_trend(tmp_path, capsys):
+    paths = [write(tmp_path, f"r{i}.json", r) for i, r in enumerate(releases_of())]
+    assert main(["matrix", *paths]) == 0
+    out = capsys.readouterr().out
+    assert "### Across torch releases" in out
+    assert "| F1 | known | passes | 2.9.1 | 2.10.0 |" in out
+    assert "| F2 | known | FAILS | 2.9.1 | – |" in out
+    assert "| 2.10.0 | 2 passed, 1 failed | +1 |" in out
+
+
+def test_pins_name_one_release_each_and_bad_pins_are_one_line(capsys):
+    assert command.releases(["torch==2.9.1,2.14.1", "Accelerate==1.13.0"]) == [
+        ("torch", "2.9.1"), ("torch", "2.14.1"), ("accelerate", "1.13.0")]
+    for bad in ("torch=2.9", "torch==", "==2.9"):
+        with pytest.raises(ValueError, match="expected PACKAGE==V1"):
+            command.releases([bad])
+    assert main(["releases", "torch>=2.9"]) == 2
+    assert "expected PACKAGE==V1" in capsys.readouterr().err
+
+
+def test_another_package_keeps_the_running_torch_and_shardcheck_comes_from_its_checkout():
+    wanted = command.requirements("accelerate", "1.13.0", ["deepspeed==0.18.9"])
+    assert wanted[:3] == ["accelerate==1.13.0", f"torch=={torch.__version__.split('+')[0]}", "deepspeed==0.18.9"]
+    assert wanted[3] == "-e" and wanted[4].endswith("[explore]")
+    assert command.requirements("torch", "2.9.1", [])[0] == "torch==2.9.1"
+    assert not any(w.startswith("torch==2.1") for w in command.requirements("torch", "2.9.1", []))
+
+
+def test_an_environment_is_made_once_and_remade_when_its_requirements_change(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(argv):
+        calls.append(argv)
+        if argv[:2] == ["uv", "venv"]:
+            (tmp_path / "torch-2.9.1" / "bin").mkdir(parents=True)
+            (tmp_path / "torch-2.9.1" / "bin" / "python").touch()
+    monkeypatch.setattr(command, "_call", fake)
+    env = command.environment(tmp_path, "torch", "2.9.1", ["torch==2.9.1"], "uv")
+    assert [c[:2] for c in calls] == [["uv", "venv"], ["uv", "pip"]] and calls[1][-1] == "torch==2.9.1"
+    assert command.environment(tmp_path, "torch", "2.9.1", ["torch==2.9.1"], "uv") == env
+    assert len(calls) == 2  # reused
+    command.environment(tmp_path, "torch", "2.9.1", ["torch==2.9.1", "numpy"], "uv")
+    assert len(calls) == 4  # remade
+
+
+def test_an_environment_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys):
+    code = main(["releases", "torch==0.0.0.dev0", "--envs", str(tmp_path / "envs"), "-o", str(tmp_path / "out"),
+                 "--installer", "pip"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "torch==0.0.0.dev0: no environment:" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_in_an_environment_writes_its_report_where_the_trend_reads_it(tmp_path, monkeypatch, capsys):
+    """The run half of the command, in an environment that is this one (no install)."""
+    monkeypatch.setattr(command, "environment", lambda *a: type("Env", (), {
+        "__truediv__": lambda self, part: __import__("pathlib").Path(sys.executable).parents[1] / part})())
+    out = tmp_path / "releases"
+    code = main(["releases", "torch==2.13.0", "-o", str(out), "--", "--world-sizes", "2", "-k", "test_non_root",
+                 "--family", "clip_grad"])
+    assert code == 0, capsys.readouterr()
+    written = json.loads((out / "torch-2.13.0" / "reference.json").read_text())
+    assert written["cells"] and trend.release(written) == torch.__version__.split("+")[0]
+    assert "torch==2.13.0 reference: exit 0" in capsys.readouterr().out
