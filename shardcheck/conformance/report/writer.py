@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from shardcheck.conformance.expectations import releases
 from shardcheck.conformance.protocol.outcomes import BAD, outcome_of
 from shardcheck.conformance.report import compact, coverage, reading, texts
 from shardcheck.conformance.report.reading import SCHEMA_VERSION
@@ -145,7 +146,7 @@ class ReportWriter:
             "implementations": [{"name": a.name, "selected_as": n, "version": a.version,
                                  "adapter": f"{type(a).__module__}:{type(a).__qualname__}",
                                  "capabilities": sorted(a.capabilities)} for n, a in impls.items()],
-            "target": _target(self.config),
+            "target": {**_target(self.config), "unjudged": releases.unjudged(_torch_version(), list(impls))},
         }
 
     @pytest.hookimpl(trylast=True)
@@ -300,6 +301,12 @@ def _git_revision() -> str | None:
                               capture_output=True, timeout=5, check=False).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _target(config) -> dict:
