@@ -8,6 +8,7 @@ must compare the values themselves.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from typing import Any
 
@@ -35,7 +36,7 @@ def _feed(h, value: Any) -> bool:
             return False
         t = t.contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b"")  # no numpy
         return True
     if type(value) is dict:
         h.update(f"D{len(value)}".encode())

@@ -131,3 +131,11 @@ def test_a_run_in_an_environment_writes_its_report_where_the_trend_reads_it(tmp_
     written = json.loads((out / "torch-2.13.0" / "reference.json").read_text())
     assert written["cells"] and trend.release(written) == torch.__version__.split("+")[0]
     assert "torch==2.13.0 reference: exit 0" in capsys.readouterr().out
+
+
+def test_the_html_page_shows_the_trend_too():
+    from shardcheck.conformance.report import page
+
+    text = page.html_page(releases_of())
+    assert "<h2>Across torch releases</h2>" in text and "<h3>torch-fsdp2 · 3 cells on every release</h3>" in text
+    assert "<tr><th>F1</th><td>known</td><td>passes</td><td>2.9.1</td><td>2.10.0</td></tr>" in text

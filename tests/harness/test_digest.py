@@ -42,3 +42,15 @@ def test_values_without_a_faithful_form_have_none():
     assert digest(Fraction(1, 3)) is None
     assert digest({"x": [1, np.arange(5000)]}) is None  # numpy's repr abbreviates
     assert digest(torch.ones(2).to_sparse()) is None
+
+
+def test_digests_need_no_numpy():
+    """numpy is not a dependency of shardcheck (nor of torch): a digest made where it cannot be
+    imported is the same digest."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['numpy'] = None; import torch; from shardcheck.harness.digest import digest; "
+            "print(digest([torch.arange(5.0), torch.ones(2, dtype=torch.bfloat16)]).hex())")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == digest([torch.arange(5.0), torch.ones(2, dtype=torch.bfloat16)]).hex()

@@ -13,9 +13,9 @@ import io
 import math
 
 from shardcheck.conformance.checks.support.tolerances import dtype_of
-from shardcheck.conformance.report import coverage, footprints
-from shardcheck.conformance.report.matrix import (FOLD, NOTE, describe, failing, first_line, header, known, merge,
-                                       newest_last, rate, rows, tabulate)
+from shardcheck.conformance.report import coverage, footprints, trend
+from shardcheck.conformance.report.matrix import (FOLD, NOTE, column_sources, describe, failing, first_line, header,
+                                                  known, merge, newest_last, rate, rows, tabulate)
 
 # The grid's mark and colour per outcome
 MARKS = {"passed": ("✓", "#c9ecc9"), "failed": ("✗", "#f4b4b4"), "error": ("E", "#f4b4b4"),
@@ -174,6 +174,29 @@ def trend_html(reports: list[dict]) -> str:
     return f'<table class="trend"><thead><tr><th>implementation</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def releases_html(cells: dict, reports: list[dict]) -> str:
+    """Per implementation run on several torch releases: outcome counts over the cells every release
+    collected, and each finding's state per release (shardcheck.conformance.report.trend)."""
+    e = html.escape
+    across = trend.by_release(cells, column_sources(reports))
+    if not trend.spans_releases(across):
+        return "<p>One torch release per implementation.</p>"
+    out = []
+    for impl, rels in across.items():
+        if len(rels) < 2:
+            continue
+        head = "".join(f"<th>{e(rel)}</th>" for rel in rels)
+        per = trend.counts(rels)
+        counted = "".join(f"<td>{e(describe(c))}{f' (+{extra} apart)' if extra else ''}</td>" for c, extra in per.values())
+        found = "".join(f"<tr><th>{e(finding)}</th>{''.join(f'<td>{e(s)}</td>' for s in states.values())}"
+                        f"<td>{'</td><td>'.join(map(e, trend.first_broken_and_fixed(states)))}</td></tr>"
+                        for finding, states in trend.findings(rels).items())
+        out.append(f"<h3>{e(impl)} · {len(trend.frozen(rels))} cells on every release</h3>"
+                   f'<table class="releases"><thead><tr><th></th>{head}<th>first broken</th><th>first fixed</th>'
+                   f"</tr></thead><tbody><tr><th>outcomes</th>{counted}<td></td><td></td></tr>{found}</tbody></table>")
+    return "".join(out)
+
+
 def html_page(reports: list[dict]) -> str:
     cells = merge(reports)
     families, columns, counts = tabulate(cells)
@@ -238,6 +261,8 @@ comparisons, 1 being the tolerance (hover a bar for the cell).</p>
 {margin_strips_html(cells, columns)}
 <h2>Trend</h2>
 {trend_html(reports)}
+<h2>Across torch releases</h2>
+{releases_html(cells, reports)}
 <h2>Known failures ({sum(len(g["cells"]) for g in groups)} cells, {len(groups)} findings)</h2>
 {_known_html(groups)}
 <h2>Failing cells ({len(fails)})</h2>
