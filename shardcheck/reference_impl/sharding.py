@@ -10,8 +10,7 @@ parameters lives through one training step like this:
 2. **gathered** (:func:`before_forward`): one all-gather per unit gives every rank
    ``full = cat_r(shard_r)`` of every parameter (collectives.py lays the unit out as one flat
    padded buffer).  It runs inside :class:`AllGather`, so autograd sees ``full = AllGather(shards)``.
-3. **used**: the full tensors are put on the modules in place of the shards, and the module's own
-   forward runs unchanged.
+3. **used**: the full tensors replace the shards on the modules; the module's own forward runs unchanged.
 4. **freed** (:func:`after_forward`): the shards go back on the modules.  FULL_SHARD and
    HYBRID_SHARD drop the full tensors: whatever autograd saved of them for backward was packed
    as ``(which parameter, size, stride, offset)`` instead (:meth:`Unit.pack_for_backward`).
@@ -35,7 +34,6 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from shardcheck.compat import set_grad
-
 from . import collectives as C
 from .unsynced import hold, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
@@ -347,10 +345,10 @@ def set_param(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
 def _accumulate(param: nn.Parameter, grad: torch.Tensor, dtype: torch.dtype) -> None:
     """``param.grad += grad`` in ``param.grad``'s device and dtype (CPU offload, low-precision grads)."""
     grad = grad.to(device=param.device, dtype=dtype)
-    if param.grad is None:
-        set_grad(param, grad)
-    else:
+    if param.grad is not None:
         param.grad += grad
+    else:  # a gradient of another dtype or device than param's: set_grad, for releases before 2.10
+        set_grad(param, grad)
 
 
 class AllGather(torch.autograd.Function):
