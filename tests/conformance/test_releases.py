@@ -110,6 +110,9 @@ def test_an_environment_is_made_once_and_remade_when_its_requirements_change(tmp
     assert len(calls) == 2  # reused
     command.environment(tmp_path, "torch", "2.9.1", ["torch==2.9.1", "numpy"], "uv")
     assert len(calls) == 4  # remade
+    monkeypatch.setattr(command, "_dependencies", lambda: "torch>=2.9;rich>=14")
+    command.environment(tmp_path, "torch", "2.9.1", ["torch==2.9.1", "numpy"], "uv")
+    assert len(calls) == 6  # shardcheck's own dependencies changed
 
 
 def test_an_environment_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys):

@@ -77,12 +77,20 @@ def _shardcheck() -> list[str]:
     return [f"shardcheck[explore]=={version('shardcheck')}"]
 
 
+def _dependencies() -> str:
+    """shardcheck's own dependencies, as its metadata states them: an environment made for other
+    ones is made again (an editable install does not follow its pyproject.toml)."""
+    from importlib.metadata import requires
+
+    return ";".join(sorted(requires("shardcheck") or []))
+
+
 def environment(envs: Path, package: str, version: str, wanted: list[str], installer: str) -> Path:
     """The virtualenv for one release: reused when it holds the same requirements, else (re)made."""
     env = envs / f"{package}-{version}"
-    stamp = env / "shardcheck-requirements.json"
+    stamp, made = env / "shardcheck-requirements.json", wanted + [_dependencies()]
     python = env / "bin" / "python"
-    if python.exists() and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+    if python.exists() and stamp.is_file() and json.loads(stamp.read_text()) == made:
         return env
     if env.exists():
         shutil.rmtree(env)
@@ -92,7 +100,7 @@ def environment(envs: Path, package: str, version: str, wanted: list[str], insta
     else:
         _call([sys.executable, "-m", "venv", str(env)])
         _call([str(python), "-m", "pip", "install", "-q", *wanted])
-    stamp.write_text(json.dumps(wanted))
+    stamp.write_text(json.dumps(made))
     return env
 
 
