@@ -87,9 +87,11 @@ def findings(rels: dict[str, dict[str, dict]]) -> dict[str, dict[str, str]]:
 
 
 def first_broken_and_fixed(states: dict[str, str]) -> tuple[str, str]:
-    """The first release where the finding is broken (known or failing), and the first later release
-    where it passes; "–" for either that never happened."""
+    """The first release where the finding is broken (known or failing; "≤ R" when R is the oldest
+    release compared: it may have been broken before), and the first later release where it passes;
+    "–" for either that never happened."""
     broken = fixed = ABSENT
+    oldest = next(iter(states), None)
     for rel, s in states.items():
         if s in (KNOWN, FAILS) and broken == ABSENT:
             broken = rel
@@ -97,7 +99,7 @@ def first_broken_and_fixed(states: dict[str, str]) -> tuple[str, str]:
             fixed = rel
         elif s in (KNOWN, FAILS):
             fixed = ABSENT  # broken again after a fix: the later fix counts
-    return broken, fixed
+    return (f"≤ {broken}" if broken == oldest else broken), fixed
 
 
 def _describe(counter: Counter) -> str:
