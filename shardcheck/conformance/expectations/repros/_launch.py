@@ -40,7 +40,9 @@ def run(body, world_size: int = 2, timeout_s: float = 30.0) -> dict[int, str]:
     with tempfile.TemporaryDirectory() as folder:
         ctx = mp.start_processes(_rank, args=(body, world_size, folder, timeout_s), nprocs=world_size,
                                  join=False, start_method="fork")
-        deadline = time.monotonic() + timeout_s + 5  # past the gloo timeout: a blocked rank raises first
+        # Past the gloo timeout, twice, and the ranks' start: a blocked rank raises first, also on a
+        # loaded machine (with `+ timeout_s + 5` F11's repro saw both ranks "hung" there).
+        deadline = time.monotonic() + 2 * timeout_s + 10
         # Each rank is waited for on its own: ProcessContext.join terminates every other rank as soon as
         # one exits non-zero, which could kill a rank before it wrote its result (seen: "hung").
         while any(p.is_alive() for p in ctx.processes) and time.monotonic() < deadline:
