@@ -95,7 +95,10 @@ def test_a_torch_outside_the_judged_releases_is_said_in_one_line():
     assert torch_requirement == ["torch>=2.9"], torch_requirement  # no upper cap
     assert releases.unjudged("2.13.0+cpu", ["deepspeed"]) is None and releases.unjudged(None) is None
     note = releases.unjudged("2.15.0+cu130", ["reference"])
-    assert note.startswith("torch 2.15.0+cu130 is not a release shardcheck's expectations were judged on (2.13.0, 2.14.1)")
+    assert note.startswith("torch 2.15.0+cu130 is not a release shardcheck's expectations were judged on "
+                           "(2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1)")
+    assert releases.unjudged("2.12.0", ["reference"]).startswith("torch 2.12.0 is not a release")
+    assert releases.unjudged("2.9.1+cu128", ["torch-fsdp2", "torch-fsdp1[flat]", "ddp", "reference"]) is None
     assert "\n" not in note
     assert releases.unjudged("2.14.1+cu130", ["torch-fsdp2", "torch-fsdp1[flat]", "ddp"]) is None
     note = releases.unjudged("2.14.1", ["torch-fsdp2", "deepspeed"])
