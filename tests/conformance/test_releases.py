@@ -39,30 +39,32 @@ def releases_of(impl="torch-fsdp2"):
 def test_the_same_implementation_on_two_releases_gets_a_column_per_release():
     cells = matrix.merge(releases_of())
     assert {column for column, _ in cells} == {"torch-fsdp2 (torch 2.9.1)", "torch-fsdp2 (torch 2.10.0)"}
-    assert set(matrix.column_sources(releases_of()).values()) == {("torch-fsdp2", "2.9.1"), ("torch-fsdp2", "2.10.0")}
+    assert set(matrix.column_sources(releases_of()).values()) == {("torch-fsdp2", ("2.9.1", "1")),
+                                                                  ("torch-fsdp2", ("2.10.0", "1"))}
 
 
 def test_one_release_keeps_the_plain_column_and_no_trend_section(tmp_path):
     one = [on("2.9.1+cu128", [cell("ddp", "test_a", "passed")], day=1),
            on("2.9.1+cpu", [cell("ddp", "test_b", "passed")], day=2)]
     assert {column for column, _ in matrix.merge(one)} == {"ddp"}
-    assert "Across torch releases" not in matrix.markdown(one)
+    assert "Across releases" not in matrix.markdown(one)
 
 
 def test_counts_are_over_the_cells_every_release_collected_and_new_cells_apart():
     rels = trend.by_release(matrix.merge(releases_of()), matrix.column_sources(releases_of()))["torch-fsdp2"]
-    assert list(rels) == ["2.9.1", "2.10.0"]  # version order, not string order
+    assert list(rels) == ["torch 2.9.1", "torch 2.10.0"]  # version order, not string order
     per = trend.counts(rels)
-    assert per["2.9.1"] == ({"xfailed": 2, "passed": 1}, 0)
-    assert per["2.10.0"] == ({"passed": 2, "failed": 1}, 1)
+    assert per["torch 2.9.1"] == ({"xfailed": 2, "passed": 1}, 0)
+    assert per["torch 2.10.0"] == ({"passed": 2, "failed": 1}, 1)
 
 
 def test_each_finding_gets_its_state_per_release_and_first_broken_and_fixed():
     rels = trend.by_release(matrix.merge(releases_of()), matrix.column_sources(releases_of()))["torch-fsdp2"]
     states = trend.findings(rels)
-    assert states == {"F1": {"2.9.1": "known", "2.10.0": "passes"}, "F2": {"2.9.1": "known", "2.10.0": "FAILS"}}
-    assert trend.first_broken_and_fixed(states["F1"]) == ("≤ 2.9.1", "2.10.0")  # maybe broken before 2.9.1
-    assert trend.first_broken_and_fixed(states["F2"]) == ("≤ 2.9.1", "–")
+    assert states == {"F1": {"torch 2.9.1": "known", "torch 2.10.0": "passes"},
+                      "F2": {"torch 2.9.1": "known", "torch 2.10.0": "FAILS"}}
+    assert trend.first_broken_and_fixed(states["F1"]) == ("≤ torch 2.9.1", "torch 2.10.0")  # maybe broken before
+    assert trend.first_broken_and_fixed(states["F2"]) == ("≤ torch 2.9.1", "–")
     assert trend.first_broken_and_fixed({"a": "passes", "b": "known", "c": "passes", "d": "FAILS"}) == ("b", "–")
     assert trend.first_broken_and_fixed({"a": "–", "b": "passes"}) == ("–", "–")
 
@@ -71,10 +73,24 @@ def test_matrix_markdown_shows_the_trend(tmp_path, capsys):
     paths = [write(tmp_path, f"r{i}.json", r) for i, r in enumerate(releases_of())]
     assert main(["matrix", *paths]) == 0
     out = capsys.readouterr().out
-    assert "### Across torch releases" in out
-    assert "| F1 | known | passes | ≤ 2.9.1 | 2.10.0 |" in out
-    assert "| F2 | known | FAILS | ≤ 2.9.1 | – |" in out
-    assert "| 2.10.0 | 2 passed, 1 failed | +1 |" in out
+    assert "### Across releases" in out
+    assert "| F1 | known | passes | ≤ torch 2.9.1 | torch 2.10.0 |" in out
+    assert "| F2 | known | FAILS | ≤ torch 2.9.1 | – |" in out
+    assert "| torch 2.10.0 | 2 passed, 1 failed | +1 |" in out
+
+
+def test_an_engine_on_two_of_its_own_releases_gets_a_column_and_a_trend_per_release():
+    """Accelerate 1.13.0 and 1.15.0 on the same torch: the engine's own release is the axis."""
+    def acc(version, outcome, day):
+        r = on("2.13.0+cpu", [known("accelerate", "test_a", "F28") if outcome == "xfailed"
+                              else cell("accelerate", "test_a", outcome)], day=day)
+        r["implementations"][0]["version"] = version
+        return r
+    runs = [acc("1.15.0", "xfailed", 1), acc("1.13.0", "passed", 2)]
+    assert {column for column, _ in matrix.merge(runs)} == {"accelerate (1.13.0)", "accelerate (1.15.0)"}
+    rels = trend.by_release(matrix.merge(runs), matrix.column_sources(runs))["accelerate"]
+    assert list(rels) == ["1.13.0", "1.15.0"]
+    assert trend.first_broken_and_fixed(trend.findings(rels)["F28"]) == ("1.15.0", "–")  # broken in 1.15.0
 
 
 def test_pins_name_one_release_each_and_bad_pins_are_one_line(capsys):
@@ -132,7 +148,7 @@ def test_a_run_in_an_environment_writes_its_report_where_the_trend_reads_it(tmp_
                  "--family", "clip_grad"])
     assert code == 0, capsys.readouterr()
     written = json.loads((out / "torch-2.13.0" / "reference.json").read_text())
-    assert written["cells"] and trend.release(written) == torch.__version__.split("+")[0]
+    assert written["cells"] and trend.release(written, "reference")[0] == torch.__version__.split("+")[0]
     assert "torch==2.13.0 reference: exit 0" in capsys.readouterr().out
 
 
@@ -140,5 +156,5 @@ def test_the_html_page_shows_the_trend_too():
     from shardcheck.conformance.report import page
 
     text = page.html_page(releases_of())
-    assert "<h2>Across torch releases</h2>" in text and "<h3>torch-fsdp2 · 3 cells on every release</h3>" in text
-    assert "<tr><th>F1</th><td>known</td><td>passes</td><td>≤ 2.9.1</td><td>2.10.0</td></tr>" in text
+    assert "<h2>Across releases</h2>" in text and "<h3>torch-fsdp2 · 3 cells on every release</h3>" in text
+    assert "<tr><th>F1</th><td>known</td><td>passes</td><td>≤ torch 2.9.1</td><td>torch 2.10.0</td></tr>" in text

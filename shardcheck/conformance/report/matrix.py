@@ -66,31 +66,34 @@ def newest_last(reports: list[dict]) -> list[dict]:
     return sorted(reports, key=lambda r: (r.get("started") or "", r.get("finished") or ""))
 
 
-def column_sources(reports: list[dict]) -> dict[str, tuple[str, str]]:
-    """{column: (implementation, torch release)} for the columns `merge` makes."""
-    return {_column(impl, report, tags): (impl, trend.release(report))
-            for tags in [_tags(reports)] for report in reports for impl in {c["impl"] or "-" for c in report["cells"]}}
+def column_sources(reports: list[dict]) -> dict[str, tuple[str, tuple[str, str]]]:
+    """{column: (implementation, its release: trend.release)} for the columns `merge` makes."""
+    tags = _tags(reports)
+    return {_column(impl, report, tags): (impl, trend.release(report, impl))
+            for report in reports for impl in {c["impl"] or "-" for c in report["cells"]}}
 
 
-def _tags(reports: list[dict]) -> dict[str, set[tuple[str, str]]]:
+def _tags(reports: list[dict]) -> dict[str, set[tuple]]:
     tags = defaultdict(set)
     for report in reports:
-        for cell in report["cells"]:
-            tags[cell["impl"] or "-"].add((_backends(report), trend.release(report)))
+        for impl in {c["impl"] or "-" for c in report["cells"]}:
+            tags[impl].add((_backends(report), *trend.release(report, impl)))
     return tags
 
 
 def _column(impl: str, report: dict, tags: dict) -> str:
-    """The implementation, suffixed with the backends and/or the torch release where the same
-    implementation comes from runs that differ in them."""
-    backends, releases = ({t[i] for t in tags[impl]} for i in (0, 1))
-    suffix = [_backends(report)] * (len(backends) > 1) + [f"torch {trend.release(report)}"] * (len(releases) > 1)
+    """The implementation, suffixed with the backends, the torch release and/or the implementation's
+    own release, each where the same implementation comes from runs that differ in it."""
+    varies = [len({t[i] for t in tags[impl]}) > 1 for i in range(3)]
+    torch_release, own = trend.release(report, impl)
+    suffix = [_backends(report)] * varies[0] + [trend.label((torch_release, own), (varies[1], varies[2]))] * (
+        varies[1] or varies[2])
     return f"{impl} ({', '.join(suffix)})" if suffix else impl
 
 
 def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str, str], dict]:
     """{(column, cell id): cell}. The column is the implementation, suffixed with the backends and/or
-    the torch release when the same implementation comes from runs that differ in them (`_column`).
+    the release when the same implementation comes from runs that differ in them (`_column`).
 
     Where several reports hold the same cell, a verdict (passed, failed, xfailed, ...) beats a cell
     that reached none (unsupported, skipped: a run that could not run it says nothing about it), and

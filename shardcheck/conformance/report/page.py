@@ -175,12 +175,12 @@ def trend_html(reports: list[dict]) -> str:
 
 
 def releases_html(cells: dict, reports: list[dict]) -> str:
-    """Per implementation run on several torch releases: outcome counts over the cells every release
+    """Per implementation run on several releases (of torch, or its own): outcome counts over the cells every release
     collected, and each finding's state per release (shardcheck.conformance.report.trend)."""
     e = html.escape
     across = trend.by_release(cells, column_sources(reports))
     if not trend.spans_releases(across):
-        return "<p>One torch release per implementation.</p>"
+        return "<p>One release per implementation.</p>"
     out = []
     for impl, rels in across.items():
         if len(rels) < 2:
@@ -261,7 +261,7 @@ comparisons, 1 being the tolerance (hover a bar for the cell).</p>
 {margin_strips_html(cells, columns)}
 <h2>Trend</h2>
 {trend_html(reports)}
-<h2>Across torch releases</h2>
+<h2>Across releases</h2>
 {releases_html(cells, reports)}
 <h2>Known failures ({sum(len(g["cells"]) for g in groups)} cells, {len(groups)} findings)</h2>
 {_known_html(groups)}

@@ -1,6 +1,6 @@
-"""The trend across torch releases: what each release broke and fixed, per implementation.
+"""The trend across releases (of torch, or of an engine): what each release broke and fixed.
 
-Reports of the same implementation made on several torch releases (``shardcheck releases`` writes
+Reports of the same implementation made on several releases of torch or of the engine (``shardcheck releases`` writes
 them under reports/releases/) are compared cell by cell:
 
 - **counts over a frozen set**: for each implementation, only the cells every release collected
@@ -13,35 +13,57 @@ them under reports/releases/) are compared cell by cell:
   ``passes`` (every reached cell passed: not present there), ``–`` (not reached); then the first
   release where it is broken and the first later release where it passes.
 
-The release of a report is its ``target.torch`` without the local build tag (``2.9.1+cu128`` and
-``2.9.1+cpu`` are one release).
+A release is the torch release (``target.torch`` without the local build tag: ``2.9.1+cu128`` and
+``2.9.1+cpu`` are one release) and, for an implementation that has releases of its own (Accelerate,
+Lightning, DeepSpeed), its version: the trend follows whichever of the two varies.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from shardcheck.conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
 
 KNOWN, FAILS, PASSES, ABSENT = "known", "FAILS", "passes", "–"
 
 
-def release(report: dict) -> str:
-    """The torch release a report was made on: ``target.torch`` without its local tag."""
-    return report["target"]["torch"].split("+")[0]
+def release(report: dict, impl: str) -> tuple[str, str]:
+    """(torch release, the implementation's own release) a report's cells of `impl` were made on:
+    versions without their local build tag; the own release is "" where it is torch's (FSDP, DDP)."""
+    torch_release = report["target"]["torch"].split("+")[0]
+    own = next((i["version"] for i in report["implementations"] if i["name"] == impl), "") or ""
+    own = own.split("+")[0]
+    return torch_release, "" if own == torch_release else own
 
 
-def by_release(cells: dict[tuple[str, str], dict], columns: dict[str, tuple[str, str]]
+def label(rel: tuple[str, str], varies: tuple[bool, bool]) -> str:
+    """A release as shown: "torch 2.9.1", "1.13.0" or both, by which of the two vary."""
+    parts = [f"torch {rel[0]}"] * varies[0] + [rel[1]] * (varies[1] and bool(rel[1]))
+    return ", ".join(parts) or f"torch {rel[0]}"
+
+
+def _key(rel: tuple[str, str]):
+    try:
+        return Version(rel[0]), Version(rel[1] or "0")
+    except InvalidVersion:
+        return Version("0"), Version("0")
+
+
+def by_release(cells: dict[tuple[str, str], dict], columns: dict[str, tuple[str, tuple[str, str]]]
                ) -> dict[str, dict[str, dict[str, dict]]]:
-    """{impl: {release: {cell id: cell}}}, releases in version order, from the merged matrix cells
-    and each column's (implementation, release)."""
-    out: dict[str, dict[str, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+    """{impl: {release label: {cell id: cell}}}, releases in version order (torch's, then the
+    implementation's own), from the merged matrix cells and each column's (implementation, release)."""
+    grouped: dict[str, dict[tuple[str, str], dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
     for (column, cid), cell in cells.items():
         impl, rel = columns[column]
-        out[impl][rel][cid] = cell
-    return {impl: dict(sorted(rels.items(), key=lambda kv: Version(kv[0]))) for impl, rels in out.items()}
+        grouped[impl][rel][cid] = cell
+    out = {}
+    for impl, rels in grouped.items():
+        varies = (len({r[0] for r in rels}) > 1, len({r[1] for r in rels}) > 1)
+        out[impl] = {label(rel, varies): rels[rel] for rel in sorted(rels, key=_key)}
+    return out
 
 
 def spans_releases(trend: dict) -> bool:
@@ -107,9 +129,9 @@ def _describe(counter: Counter) -> str:
 
 
 def markdown(trend: dict) -> list[str]:
-    """The "Across torch releases" section: outcome counts per implementation x release over the
+    """The "Across releases" section: outcome counts per implementation x release over the
     frozen cells, then each finding's state per release."""
-    out = ["", "### Across torch releases", "",
+    out = ["", "### Across releases", "",
            "Outcome counts over the cells every release of that implementation collected; "
            "`+N` cells that only that release collected, counted apart.", ""]
     for impl, rels in trend.items():
@@ -117,7 +139,7 @@ def markdown(trend: dict) -> list[str]:
             continue
         per = counts(rels)
         out += [f"#### {impl} · {len(frozen(rels))} cells on every release", "",
-                "| torch | outcomes | apart |", "|---|---|---|"]
+                "| release | outcomes | apart |", "|---|---|---|"]
         out += [f"| {rel} | {_describe(c)} | {f'+{extra}' if extra else ''} |" for rel, (c, extra) in per.items()]
         table = findings(rels)
         if table:
