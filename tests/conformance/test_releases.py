@@ -158,3 +158,14 @@ def test_the_html_page_shows_the_trend_too():
     text = page.html_page(releases_of())
     assert "<h2>Across releases</h2>" in text and "<h3>torch-fsdp2 · 3 cells on every release</h3>" in text
     assert "<tr><th>F1</th><td>known</td><td>passes</td><td>≤ torch 2.9.1</td><td>torch 2.10.0</td></tr>" in text
+
+
+def test_the_command_ends_with_the_trend_of_its_runs(tmp_path, capsys):
+    paths = [tmp_path / f"r{i}.json" for i in range(2)]
+    for path, r in zip(paths, releases_of()):
+        write(tmp_path, path.name, r)
+    command.print_trend(paths)
+    out = capsys.readouterr().out
+    assert "### Across releases" in out and "| F1 | known | passes | ≤ torch 2.9.1 | torch 2.10.0 |" in out
+    command.print_trend(paths[:1])
+    assert capsys.readouterr().out == ""  # one release: no trend

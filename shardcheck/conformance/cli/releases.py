@@ -129,7 +129,7 @@ def main(args, passthrough: list[str]) -> int:
     except ValueError as exc:
         print(f"shardcheck releases: {exc}", file=sys.stderr)
         return 2
-    impls, worst = args.impl or ["reference"], 0
+    impls, worst, written = args.impl or ["reference"], 0, []
     print(f"shardcheck releases: {len(todo)} release(s) x {len(impls)} implementation(s); "
           f"virtualenvs in {args.envs} ({args.installer})", flush=True)
     for package, version in todo:
@@ -150,6 +150,23 @@ def main(args, passthrough: list[str]) -> int:
             code = subprocess.call(argv)
             worst = max(worst, code if code in (0, 1) else 2)
             done = summary(out) if out.is_file() else "no report"
+            written += [out] if out.is_file() else []
             print(f"shardcheck releases: {package}=={version} {impl}: exit {code}; {done}; {out}", flush=True)
-    print(f"shardcheck releases: the trend: shardcheck matrix {args.output}/*/*.json", flush=True)
+    print_trend(written)
+    print(f"shardcheck releases: the whole trend: shardcheck matrix {args.output}/*/*.json", flush=True)
     return worst
+
+
+def print_trend(paths: list[Path]) -> None:
+    """The "Across releases" tables of this run's reports (shardcheck.conformance.report.trend)."""
+    from shardcheck.conformance.report import matrix, trend
+    from shardcheck.conformance.report.reading import ReportError, load
+
+    try:
+        reports = [load(path) for path in paths]
+    except ReportError as exc:
+        print(f"shardcheck releases: no trend: {exc}", file=sys.stderr)
+        return
+    across = trend.by_release(matrix.merge(reports), matrix.column_sources(reports))
+    if trend.spans_releases(across):
+        print("\n".join(trend.markdown(across)), flush=True)
