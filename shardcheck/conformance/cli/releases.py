@@ -12,7 +12,8 @@ Arguments after ``--`` go to every `shardcheck run`. uv makes the virtualenvs wh
 (one download cache for every release), pip otherwise (--installer).
 
 Exit code: the worst of the runs' (0 all passed, 1 a failed cell, 2 an environment that could not be
-made or a run that could not start). `shardcheck matrix OUT/*/*.json` shows the trend.
+made or a run that could not start). It ends with the trend of its own runs (report/trend.py);
+`shardcheck matrix OUT/*/*.json` shows the whole trend.
 """
 
 from __future__ import annotations
