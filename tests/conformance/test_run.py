@@ -26,6 +26,7 @@ from shardcheck.conformance.cli import main as cli
 from shardcheck.conformance.report import reading
 from shardcheck.conformance.report import writer as reporting
 from shardcheck.conformance.cli.progress import RunProgress
+from shardcheck.conformance.expectations.manifest import NO_REASON
 from shardcheck.conformance.protocol.outcomes import MISSING_PROPERTY
 from shardcheck.conformance.report.writer import PARAMS_PROPERTY
 
@@ -236,15 +237,18 @@ def test_the_summary_says_why_cells_reached_no_verdict_and_nothing_reached_fails
               ("teardown", "passed", None, {"user_properties": props}))
 
     cell("test_a.py::c1[engine-with-a-long-name]", "engine-with-a-long-name", "unsupported: e does not declare full_shard",
-         ["full_shard"])
+         {"full_shard": "replicates only"})
     cell("test_a.py::c2[engine-with-a-long-name]", "engine-with-a-long-name",
-         "unsupported: e does not declare full_shard, loss_scaling", ["full_shard", "loss_scaling"])
+         "unsupported: e does not declare full_shard, loss_scaling", {"full_shard": "replicates only",
+                                                                      "loss_scaling": NO_REASON})
     cell("test_a.py::c3[engine-with-a-long-name]", "engine-with-a-long-name", "needs 4 devices; 1 visible")
     _feed(progress, "test_a.py::c4[reference]", ("setup", "passed", None, {"user_properties": [(PARAMS_PROPERTY, {"impl": "reference"})]}),
           ("call", "passed"), ("teardown", "passed"))
     assert progress.reason_lines() == [
-        "engine-with-a-long-name: unsupported: `full_shard` is needed by 2 cells (1 of them need nothing else)",
-        "engine-with-a-long-name: unsupported: `loss_scaling` is needed by 1 cell (0 of them need nothing else)",
+        "engine-with-a-long-name: unsupported: `full_shard` is needed by 2 cells (1 of them need nothing else): "
+        "replicates only",
+        "engine-with-a-long-name: unsupported: `loss_scaling` is needed by 1 cell (0 of them need nothing else): "
+        f"{NO_REASON}",
         "engine-with-a-long-name: 1 skipped: needs 4 devices; 1 visible"]
     assert progress.exit_code(0) == 1  # one implementation reached nothing, whatever the other did
     assert "engine-with-a-long-name reached no cell: every one of its 3 cells was skipped or unsupported" \

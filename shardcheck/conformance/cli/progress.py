@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from shardcheck.conformance.expectations.manifest import NO_REASON
 from shardcheck.conformance.protocol.outcomes import BAD, MISSING_PROPERTY, NOT_REACHED, OUTCOMES, outcome_of, reason_of
 from shardcheck.conformance.report import coverage
 from shardcheck.conformance.report.writer import PARAMS_PROPERTY, family_of
@@ -69,6 +70,7 @@ class RunProgress:
         self.reasons: Counter[tuple[str, str, str]] = Counter()
         self.needed: Counter[tuple[str, str]] = Counter()
         self.needed_alone: Counter[tuple[str, str]] = Counter()
+        self.why: dict[tuple[str, str], str] = {}  # (impl, capability) -> the adapter's reason
         self.interrupted = False
         self.waiting_on = ""  # the longest wait on a rank now, described (watching_waits)
         self.started = time.monotonic()
@@ -121,11 +123,12 @@ class RunProgress:
     def pytest_keyboard_interrupt(self, excinfo):
         self.interrupted = True
 
-    def _note_reason(self, impl: str, outcome: str, reason: str, missing: list[str] | None) -> None:
+    def _note_reason(self, impl: str, outcome: str, reason: str, missing: dict[str, str] | None) -> None:
         if missing:
-            for capability in missing:
+            for capability, why in missing.items():
                 self.needed[(impl, capability)] += 1
                 self.needed_alone[(impl, capability)] += len(missing) == 1
+                self.why[(impl, capability)] = why
         else:
             self.reasons[(impl, outcome, reason)] += 1
 
@@ -263,7 +266,7 @@ class RunProgress:
             for cap in caps:
                 n, alone = self.needed[(impl, cap)], self.needed_alone[(impl, cap)]
                 lines.append(f"{impl}: unsupported: `{cap}` is needed by {n} cell{'s' if n > 1 else ''}"
-                             f" ({alone} of them need nothing else)")
+                             f" ({alone} of them need nothing else): {self.why.get((impl, cap), NO_REASON)}")
             for (i, outcome, reason), n in sorted(self.reasons.items(), key=lambda kv: -kv[1]):
                 if i == impl:
                     lines.append(f"{impl}: {n} {outcome}: {reason}")

@@ -100,6 +100,42 @@ def load_explore(adapter) -> list[dict]:
     return entries
 
 
+NO_REASON = "no reason given (add it to the manifest's [unsupported] table)"
+
+
+def unsupported(adapter) -> dict[str, str]:
+    """The manifest's `[unsupported]` table: {capability: why the engine cannot do it}, one line each
+    (the engine's own limit and where it is documented; "adapter gap: ..." where only the adapter
+    has not wired what the engine offers). Its keys must be capabilities of the vocabulary."""
+    from shardcheck.conformance.protocol.capabilities import unknown
+
+    path = path_of(adapter)
+    if not path.exists():
+        return {}
+    try:
+        table = tomllib.loads(path.read_text()).get("unsupported", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{path}: {exc}") from None
+    bad = unknown(table) + [k for k, v in table.items() if not isinstance(v, str) or not v.strip() or "\n" in v]
+    if bad:
+        raise ManifestError(f"{path} [unsupported]: {', '.join(bad)}: a key must be a capability "
+                            "(shardcheck/conformance/protocol/capabilities.py), its value one line")
+    return table
+
+
+def why_not(adapter, capability: str) -> str:
+    """Why `adapter` does not declare `capability` (its manifest's `[unsupported]` line), or NO_REASON."""
+    return unsupported(adapter).get(capability) or NO_REASON
+
+
+def unexplained(adapter) -> list[str]:
+    """The capabilities `adapter` neither declares nor explains (none, for a built-in adapter)."""
+    from shardcheck.conformance.protocol.capabilities import CAPABILITIES
+
+    reasons = unsupported(adapter)
+    return sorted(c for c in CAPABILITIES if c not in adapter.capabilities and c not in reasons)
+
+
 def _load(adapter, table: str, required: set[str]) -> list[dict]:
     path = path_of(adapter)
     if not path.exists():

@@ -9,7 +9,9 @@ Two layers, matching the two layers of checks:
   `clip_grad_norm_` callable on a module whose `p.grad` are live, a sharded GradScaler object,
   FSDP1 comm hooks, FSDP2 all-gather extensions, ...). Only the API-layer checks ask for them.
 
-A check that needs a capability the adapter lacks is *unsupported*: never a pass.
+A check that needs a capability the adapter lacks is *unsupported*: never a pass. An adapter says
+why for each capability it leaves out, in its manifest's `[unsupported]` table
+(shardcheck.conformance.expectations.manifest.why_not): the engine's own limit, not a convenience skipped.
 """
 
 from __future__ import annotations

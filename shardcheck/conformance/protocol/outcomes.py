@@ -22,7 +22,7 @@ REACHED = tuple(o for o in OUTCOMES if o not in NOT_REACHED)  # cells that reach
 
 _PREFIX = "unsupported:"
 PROPERTY = "shardcheck_outcome"  # the user property that carries a cell's outcome through xdist
-MISSING_PROPERTY = "missing_capabilities"  # the one that names the capabilities an unsupported cell needed
+MISSING_PROPERTY = "missing_capabilities"  # {capability: why not} of the capabilities an unsupported cell needed
 
 
 class Unsupported(pytest.skip.Exception):

@@ -67,6 +67,7 @@ def impls(config) -> dict:
     try:
         config._shardcheck_impls = {n: adapters.load(n) for n in dict.fromkeys(names)}
         config._shardcheck_manifests = {n: manifest.load(a) for n, a in config._shardcheck_impls.items()}
+        config._shardcheck_reasons = {a.name: manifest.unsupported(a) for a in config._shardcheck_impls.values()}
     except (adapters.UnknownAdapter, manifest.ManifestError) as exc:
         raise pytest.UsageError(str(exc)) from None
     return config._shardcheck_impls
@@ -121,8 +122,13 @@ def pytest_runtest_setup(item):
         return
     missing = sorted(required_capabilities(item) - set(adapter.capabilities))
     if missing:
-        item.user_properties.append((outcomes.MISSING_PROPERTY, missing))  # the run's summary groups by it
-        raise outcomes.Unsupported(f"{adapter.name} does not declare {', '.join(missing)}")
+        from shardcheck.conformance.expectations.manifest import NO_REASON
+
+        known = getattr(item.config, "_shardcheck_reasons", None) or {}
+        reasons = {c: known.get(adapter.name, {}).get(c) or NO_REASON for c in missing}
+        item.user_properties.append((outcomes.MISSING_PROPERTY, reasons))  # the run's summary groups by it
+        raise outcomes.Unsupported(f"{adapter.name} does not declare "
+                                   + "; ".join(f"{c} ({why})" for c, why in reasons.items()))
 
 
 @pytest.hookimpl(hookwrapper=True)
