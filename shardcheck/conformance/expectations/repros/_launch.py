@@ -32,6 +32,10 @@ def _rank(rank, body, world_size, folder, timeout_s):
         result = f"raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     with open(os.path.join(folder, f"rank{rank}"), "w") as f:
         f.write(result)
+    try:  # no rank leaves while another still connects (CI saw a quick rank's exit break the other's init)
+        dist.barrier()
+    except Exception:  # a group the failure under study broke: the results are written already
+        pass
     dist.destroy_process_group()
 
 
