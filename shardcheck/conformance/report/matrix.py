@@ -104,9 +104,9 @@ def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str,
     tags = _tags(reports)
     cells, source = {}, {}
     for report in reports:
+        names = {impl: _column(impl, report, tags) for impl in {c["impl"] or "-" for c in report["cells"]}}
         for cell in report["cells"]:
-            column = _column(cell["impl"] or "-", report, tags)
-            key = (column, cell_id(report, cell))
+            key = (names[cell["impl"] or "-"], cell_id(report, cell))
             kept = cells.get(key)
             if kept is not None and kept["outcome"] not in NOT_REACHED and cell["outcome"] in NOT_REACHED:
                 winner, loser = (kept, source[key]), (cell, report)
