@@ -15,6 +15,7 @@ uses shardcheck): turns `@distributed` tests into N-rank runs; its options are d
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import sys
@@ -78,6 +79,10 @@ def _preload(config) -> None:
     from shardcheck.harness.pool import preload
 
     preload(config.getini("rank_preload"))
+    # What is loaded by now (torch, the plugins, the collected tests) stays for the session's life:
+    # out of the collector's sight, full collections stop walking it (pytest alone collects twice at
+    # the end of a session: 0.3 s of CPU each time with torch in view). Ranks do the same (worker.py).
+    gc.freeze()
     config._shardcheck_preloaded = True
 
 

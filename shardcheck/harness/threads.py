@@ -98,6 +98,10 @@ def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]
         world = mtpg._install_threaded_pg()
         interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        # One intra-op thread per rank, as in a pool's rank (worker.py): the rank threads already
+        # share the cores, and OpenMP's spinning pool cost the threaded clip_grad file 12 of its 72
+        # CPU-seconds on 2 cores (settings.restore() puts the caller's count back).
+        torch.set_num_threads(1)
         try:
             results, threads = _run_in_world(task, world_size, timeout, mtpg, world)
         finally:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import importlib.util
@@ -61,19 +60,14 @@ def test_findings_cite_existing_scripts_and_no_throwaway_path():
     assert without == [], without  # every finding cites its reproduction
 
 
-@pytest.mark.timeout(240)
-def test_every_repro_reproduces():
-    """The scripts of optional implementations that are not installed are left to test_optional_repros."""
-    def run(script: Path):  # `python script` in a process that starts with torch imported
-        return script.name, warm_python.run([str(script)], cwd=ROOT, timeout=120)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(run, [s for s in SCRIPTS if _runnable(s)]))
-    failed = {name: proc.stdout[-1500:] + proc.stderr[-1500:] for name, proc in results
-              if proc.returncode != 0 or "REPRODUCED: " not in proc.stdout}
-    assert not failed, failed
-    for _, proc in results:
-        assert proc.stdout.strip().splitlines()[-1].startswith("REPRODUCED: ")
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("script", [pytest.param(s, id=s.stem) for s in SCRIPTS if _runnable(s)])
+def test_every_repro_reproduces(script):
+    """One item per script, so that pytest-xdist spreads them (several wait on deadlines). The scripts
+    of optional implementations that are not installed are left to test_optional_repros."""
+    proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)  # `python script`, started with torch imported
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    assert proc.returncode == 0 and last[0].startswith("REPRODUCED: "), proc.stdout[-1500:] + proc.stderr[-1500:]
 
 
 @pytest.mark.parametrize("prefix,module", sorted(OPTIONAL.items()))

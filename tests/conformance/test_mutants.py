@@ -347,13 +347,36 @@ def test_mutant_breaks_exactly_its_rows(mutant_runs, mutant):
         print(f"\n{mutant.name}: {line.partition(' - ')[0]} broke exactly {sorted(rows)}")
 
 
-def test_reference_passes_mutant_subsets(mutant_runs):
+def _session_judges_the_reference(config, items, checks: set[tuple[str, str]]) -> bool:
+    """Whether this session itself runs the unmutated reference on BACKEND over every cell of each
+    (check file, check function) in `checks`: whole files collected, no -k/-m, every world size
+    (a superset of any mutant run's cells), and a reference cell of each function among its items."""
+    if (config.getoption("shardcheck_world_sizes") or config.option.keyword or config.option.markexpr
+            or any("::" in arg and "checks" in arg for arg in config.args)):
+        return False
+    present = set()
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        if (getattr(params.get("impl"), "name", None) == BASELINE and params.get("shardcheck_backend") == BACKEND
+                and CHECKS in item.path.parents):
+            present.add((item.path.name, item.originalname))
+    return checks <= present
+
+
+def test_reference_passes_mutant_subsets(mutant_runs, request):
     """The unmutated reference passes every cell that killed a mutant, so a kill is never an
-    artifact of a check that fails anyway. (Last in this file: it needs the mutant runs' results.)"""
+    artifact of a check that fails anyway. Where this session itself runs the reference over every
+    cell of every listed check function (the README's test command does), those items are the
+    proof; otherwise the reference runs over exactly the killing cells in a process of its own.
+    (Last in this file: it needs the mutant runs' results.)"""
+    live = [m for m in MUTANTS if RUN_SURVIVORS or not _is_survivor(m)]
+    checks = {(c.partition("::")[0], c.partition("::")[2]) for m in live for c in m.checks}
+    if _session_judges_the_reference(request.config, request.session.items, checks):
+        print(f"\nthis session runs the reference over every cell of the {len(checks)} check functions "
+              f"that kill mutants, on {BACKEND}: its own items judge them")
+        return
     cells = []
-    for m in MUTANTS:
-        if _is_survivor(m) and not RUN_SURVIVORS:
-            continue
+    for m in live:
         run = mutant_runs.get(m.__name__, _mutant_command(m)).result()
         cells += _killing_cells(m, run)
     assert cells, "no mutant was killed: nothing to check the reference on"

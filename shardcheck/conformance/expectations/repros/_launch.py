@@ -26,16 +26,20 @@ def _rank(rank, body, world_size, folder, timeout_s):
     store = dist.FileStore(os.path.join(folder, "store"), world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=dt.timedelta(seconds=timeout_s))
+    open(os.path.join(folder, f"joined{rank}"), "w").close()
     try:
         result = f"returned: {body(rank, world_size)}"
     except Exception as exc:  # the failure under study
         result = f"raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     with open(os.path.join(folder, f"rank{rank}"), "w") as f:
         f.write(result)
-    try:  # no rank leaves while another still connects (CI saw a quick rank's exit break the other's init)
-        dist.barrier()
-    except Exception:  # a group the failure under study broke: the results are written already
-        pass
+    # No rank leaves while another is still joining the group (CI saw a quick rank's exit break the
+    # other's init). Not a barrier on the group: a rank the failure under study left inside a
+    # collective would hold it until the gloo timeout (F9's reproduction took 30 s that way).
+    deadline = time.monotonic() + timeout_s
+    while (not all(os.path.exists(os.path.join(folder, f"joined{r}")) for r in range(world_size))
+           and time.monotonic() < deadline):
+        time.sleep(0.01)
     dist.destroy_process_group()
 
 
