@@ -117,7 +117,8 @@ def test_a_huge_message_is_bounded_head_and_tail():
 
 def test_a_thin_run_fails_under_min_coverage(tmp_path):
     out = tmp_path / "t.json"
-    proc = _run("run", *ONE_CELL, "--impl", "ddp", "--impl", "reference", "--min-coverage", "50", "-o", str(out))
+    proc = _run("run", *ONE_CELL, "--impl", "ddp", "--impl", "reference", "--min-coverage", "50", "-o", str(out),
+                "--workers", "0")  # one cell each: xdist workers would only add their start-up
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "shardcheck: ddp: coverage 0.0% (0 of 1 cells reached a verdict) is below --min-coverage 50%")
@@ -171,7 +172,8 @@ def test_version_and_help_do_not_import_torch(args):
 
 def test_default_report_names_hold_no_colon_or_bracket(tmp_path):
     adapter = "shardcheck.conformance.examples.allreduce_engine:AllReduceAdapter"
-    proc = warm_python.run([*SHARDCHECK[1:], "run", "--impl", adapter, "--impl", "torch-fsdp1[flat]", *ONE_CELL],
+    proc = warm_python.run([*SHARDCHECK[1:], "run", "--impl", adapter, "--impl", "torch-fsdp1[flat]", *ONE_CELL,
+                            "--workers", "0"],
                            cwd=tmp_path, timeout=300)
     (report,) = (tmp_path / "reports" / "local").glob("*.json")
     assert report.name.startswith("shardcheck.conformance.examples.allreduce_engine_AllReduceAdapter+torch-fsdp1_flat_-gloo-"), \

@@ -347,41 +347,53 @@ def test_mutant_breaks_exactly_its_rows(mutant_runs, mutant):
         print(f"\n{mutant.name}: {line.partition(' - ')[0]} broke exactly {sorted(rows)}")
 
 
-def _session_judges_the_reference(config, items, checks: set[tuple[str, str]]) -> bool:
-    """Whether this session itself runs the unmutated reference on BACKEND over every cell of each
-    (check file, check function) in `checks`: whole files collected, no -k/-m, every world size
-    (a superset of any mutant run's cells), and a reference cell of each function among its items."""
+def _judged_by_this_session(config, items) -> set[tuple[str, str]]:
+    """(check file, check function) pairs over every cell of which this session itself runs the
+    unmutated reference on BACKEND: whole files collected, no -k/-m, every world size (a superset
+    of any mutant run's cells). Not explore: its draws depend on the world sizes it is given."""
     if (config.getoption("shardcheck_world_sizes") or config.option.keyword or config.option.markexpr
             or any("::" in arg and "checks" in arg for arg in config.args)):
-        return False
-    present = set()
+        return set()
+    out = set()
     for item in items:
         params = item.callspec.params if hasattr(item, "callspec") else {}
         if (getattr(params.get("impl"), "name", None) == BASELINE and params.get("shardcheck_backend") == BACKEND
                 and CHECKS in item.path.parents):
-            present.add((item.path.name, item.originalname))
-    return checks <= present
+            out.add((item.path.name, item.originalname))
+    return out
+
+
+def _check_of(cell: str) -> tuple[str, str]:
+    """("test_file.py", "test_function") of a cell's node id."""
+    path, _, rest = cell.partition("::")
+    return Path(path).name, rest.partition("[")[0]
 
 
 def test_reference_passes_mutant_subsets(mutant_runs, request):
     """The unmutated reference passes every cell that killed a mutant, so a kill is never an
-    artifact of a check that fails anyway. Where this session itself runs the reference over every
-    cell of every listed check function (the README's test command does), those items are the
-    proof; otherwise the reference runs over exactly the killing cells in a process of its own.
-    (Last in this file: it needs the mutant runs' results.)"""
-    live = [m for m in MUTANTS if RUN_SURVIVORS or not _is_survivor(m)]
-    checks = {(c.partition("::")[0], c.partition("::")[2]) for m in live for c in m.checks}
-    if _session_judges_the_reference(request.config, request.session.items, checks):
-        print(f"\nthis session runs the reference over every cell of the {len(checks)} check functions "
-              f"that kill mutants, on {BACKEND}: its own items judge them")
-        return
-    cells = []
-    for m in live:
+    artifact of a check that fails anyway. Cells of check functions this session itself runs the
+    reference over, whole (the README's test command does), are judged by its own items; the
+    others run, exactly the killing cells, in a process of its own. (Last in this file: it needs
+    the mutant runs' results.)"""
+    judged = _judged_by_this_session(request.config, request.session.items)
+    cells, killed = [], 0
+    for m in MUTANTS:
+        if _is_survivor(m) and not RUN_SURVIVORS:
+            continue
+        if all(_check_of(c) in judged for c in m.checks):
+            killed += 1  # test_mutant_is_killed shows the kill; this session's items judge the reference there
+            continue
         run = mutant_runs.get(m.__name__, _mutant_command(m)).result()
-        cells += _killing_cells(m, run)
-    assert cells, "no mutant was killed: nothing to check the reference on"
+        mine = _killing_cells(m, run)
+        killed += bool(mine)
+        cells += [c for c in mine if _check_of(c) not in judged]
+    assert killed, "no mutant was killed: nothing to check the reference on"
+    print(f"\nthe reference over the cells that killed mutants: {len(judged)} check functions judged by this "
+          f"session's own items, {len(set(cells))} cells run here")
+    if not cells:
+        return
     run = mutant_runs.get(BASELINE, _baseline_command(cells)).result()
-    print(f"\nreference over the {len(set(cells))} killing cells: {run.summary} ({run.seconds:.1f} s)")
+    print(f"reference over {len(set(cells))} killing cells: {run.summary} ({run.seconds:.1f} s)")
     bad = run.lines("FAILED") + run.lines("ERROR")
     assert run.returncode == 0 and not bad, "the reference fails cells that killed mutants:\n" + run.describe()
     assert re.search(r"\d+ passed", run.summary), run.describe()
