@@ -1,4 +1,5 @@
 import os
+import sys
 
 pytest_plugins = ["pytester"]
 
@@ -11,3 +12,10 @@ pytest_plugins = ["pytester"]
 NO_HYPOTHESIS_PLUGIN = "-p no:hypothesispytest"
 if NO_HYPOTHESIS_PLUGIN not in os.environ.get("PYTEST_ADDOPTS", ""):
     os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {NO_HYPOTHESIS_PLUGIN}".strip()
+
+# pytest rewrites the asserts of every module of a plugin's distribution, so all of hypothesis (73
+# modules, about 1 s of CPU per session where bytecode is not cached) once a test imports it.
+# Library code needs none of it; the project's own modules are narrowed in shardcheck/pytest_plugin.py.
+for _finder in sys.meta_path:
+    if isinstance(getattr(_finder, "_must_rewrite", None), set):
+        _finder._must_rewrite.discard("hypothesis")
