@@ -1,7 +1,7 @@
 """Findings are reproducible from the repository: every expectations-manifest entry names a repro
 script that exists and a finding that FINDINGS.md documents; FINDINGS.md cites scripts, never a
-throw-away path; and every script still reproduces its failure on the installed torch (all of them
-together, a few at a time: well under a minute)."""
+throw-away path; and every script still reproduces its failure on the installed torch (one item
+per script, a few seconds each)."""
 
 from __future__ import annotations
 

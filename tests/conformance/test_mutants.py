@@ -8,9 +8,10 @@ already imported: tests/warm_python.py)::
         -p shardcheck.conformance.mutants.per_check ...
 
 and at least one cell must FAIL; the killing cell is printed (``-s`` shows it). ``-x`` stops at the
-first failed cell, so a killed mutant is cheap. ``test_reference_passes_mutant_subsets`` runs the
-unmutated reference over exactly the cells that killed the mutants: each must pass, so a kill is
-never an artifact of a check that fails anyway. Every listed check function must kill its mutant
+first failed cell, so a killed mutant is cheap. ``test_reference_passes_mutant_subsets`` shows that
+the unmutated reference passes every cell that killed a mutant, so a kill is never an artifact of a
+check that fails anyway: by this session's own items where it runs those check functions whole,
+else in a run over exactly those cells. Every listed check function must kill its mutant
 (without -x; ``shardcheck/conformance/mutants/per_check.py`` skips a function's remaining cells once one cell
 failed), and ``test_every_check_function_kills_a_mutant`` demands that every check function under
 shardcheck/conformance/checks is listed for some mutant (or is UNREACHABLE, with the reason).
