@@ -358,8 +358,9 @@ def _judged_by_this_session(config, items) -> set[tuple[str, str]]:
     out = set()
     for item in items:
         params = item.callspec.params if hasattr(item, "callspec") else {}
-        if (getattr(params.get("impl"), "name", None) == BASELINE and params.get("shardcheck_backend") == BACKEND
-                and CHECKS in item.path.parents):
+        backend = params.get("shardcheck_backend", config.getoption("shardcheck_backend"))  # one backend: no param
+        if (getattr(params.get("impl"), "name", None) == BASELINE and backend == BACKEND
+                and "world_size" in params and CHECKS in item.path.parents):  # a distributed cell
             out.add((item.path.name, item.originalname))
     return out
 
@@ -377,22 +378,15 @@ def test_reference_passes_mutant_subsets(mutant_runs, request):
     others run, exactly the killing cells, in a process of its own. (Last in this file: it needs
     the mutant runs' results.)"""
     judged = _judged_by_this_session(request.config, request.session.items)
-    cells, killed = [], 0
-    for m in MUTANTS:
-        if _is_survivor(m) and not RUN_SURVIVORS:
-            continue
-        if all(_check_of(c) in judged for c in m.checks):
-            killed += 1  # test_mutant_is_killed shows the kill; this session's items judge the reference there
-            continue
-        run = mutant_runs.get(m.__name__, _mutant_command(m)).result()
-        mine = _killing_cells(m, run)
-        killed += bool(mine)
-        cells += [c for c in mine if _check_of(c) not in judged]
-    assert killed, "no mutant was killed: nothing to check the reference on"
-    print(f"\nthe reference over the cells that killed mutants: {len(judged)} check functions judged by this "
-          f"session's own items, {len(set(cells))} cells run here")
-    if not cells:
+    live = [m for m in MUTANTS if RUN_SURVIVORS or not _is_survivor(m)]
+    here = [m for m in live if not all(_check_of(c) in judged for c in m.checks)]
+    print(f"\nthe reference over the cells that killed mutants: {len(live) - len(here)} mutants' check "
+          f"functions judged by this session's own items, {len(here)} mutants' killing cells run here")
+    if not here:
         return
+    cells = [c for m in here for c in _killing_cells(m, mutant_runs.get(m.__name__, _mutant_command(m)).result())
+             if _check_of(c) not in judged]
+    assert cells, f"{', '.join(m.name for m in here)}: no killing cell to check the reference on"
     run = mutant_runs.get(BASELINE, _baseline_command(cells)).result()
     print(f"reference over {len(set(cells))} killing cells: {run.summary} ({run.seconds:.1f} s)")
     bad = run.lines("FAILED") + run.lines("ERROR")
