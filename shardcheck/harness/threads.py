@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 import time
 
@@ -155,12 +154,6 @@ class BatonStore(dist.Store):
         return self.inner.set_timeout(timeout)
 
 
-# Rank threads hand the GIL over at every collective: a rank woken by the last arrival waits for the
-# GIL until the running thread's switch interval ends (CPython: 5 ms). 0.1 ms while ranks run: the
-# conformance clip_grad file at world sizes 2 and 4 went from 55 s to 45 s on 2 cores.
-SWITCH_INTERVAL_S = 1e-4
-
-
 def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]:
     mtpg = _threaded_pg()
     _install_baton(mtpg.Collective)
@@ -169,8 +162,6 @@ def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]
         reset_process_state(task.seed)
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         world = mtpg._install_threaded_pg()
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         # One intra-op thread per rank, as in a pool's rank (worker.py): the rank threads already
         # share the cores, and OpenMP's spinning pool cost the threaded clip_grad file 12 of its 72
         # CPU-seconds on 2 cores (settings.restore() puts the caller's count back).
@@ -178,7 +169,6 @@ def run_threads(task: Task, world_size: int, timeout: float) -> list[RankResult]
         try:
             results, threads = _run_in_world(task, world_size, timeout, mtpg, world)
         finally:
-            sys.setswitchinterval(interval)
             mtpg.ProcessLocalGroup.reset()
             mtpg._uninstall_threaded_pg()
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
