@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_single", "reduce_scatter_single", "set_grad"]
+__all__ = ["all_gather_single", "reduce_scatter_single", "set_grad", "innermost_saved_tensors_pack", "in_backward"]
 
 
 def all_gather_single(output, input, group=None, async_op=False):
@@ -44,3 +44,17 @@ def set_grad(param: torch.Tensor, grad: torch.Tensor) -> None:
             raise
         param.grad = torch.zeros((), dtype=param.dtype, device=param.device).expand_as(param)
         param.grad.data = grad
+
+
+def innermost_saved_tensors_pack():
+    """The pack function of the innermost active ``torch.autograd.graph.saved_tensors_hooks`` (what
+    autograd will call for the next tensor saved for backward), or None when none is active: how a
+    forward learns that something else (activation checkpointing) already decides what is kept."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return None if top is None else top[0]
+
+
+def in_backward() -> bool:
+    """Whether the autograd engine is running a backward on this thread (a forward called now is a
+    recomputation: activation checkpointing)."""
+    return torch._C._current_graph_task_id() != -1

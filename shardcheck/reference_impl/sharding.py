@@ -33,8 +33,8 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from shardcheck.compat import set_grad
-from . import collectives as C
+from shardcheck.compat import in_backward, innermost_saved_tensors_pack, set_grad
+from . import buffers, collectives as C
 from .unsynced import hold, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
@@ -334,11 +334,8 @@ class Unit:
 
 
 def set_param(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    """``module.<name> = tensor``, also for a tensor that is not an ``nn.Parameter``.
-
-    During forward a parameter's attribute holds the full tensor, a non-leaf output of
-    :class:`AllGather` (so autograd reaches the shard); ``nn.Module.__setattr__`` only accepts
-    Parameters for a registered name, so write the registry entry directly, as FSDP2 does."""
+    """``module.<name> = tensor``, also for a non-leaf full tensor (an :class:`AllGather` output):
+    ``nn.Module.__setattr__`` only accepts Parameters there, so write the registry, as FSDP2 does."""
     module._parameters[name] = tensor
 
 
@@ -373,15 +370,17 @@ class AllGather(torch.autograd.Function):
 
 # -- the forward hooks: steps 2 to 4 ----------------------------------------------------------
 def before_forward(module: nn.Module, args, kwargs):
-    """Gather the unit and put the full parameters on the modules; under FULL_SHARD the forward
-    then runs inside the unit's saved-tensors hooks (closed by :func:`after_forward`)."""
+    """Gather the unit (a recomputing forward may find it gathered), full parameters on the modules; FULL_SHARD
+    then saves through the unit's hooks (closed by :func:`after_forward`), unless checkpointing's are active."""
     unit = unit_of(module)
     unit.adopt_module_params()
+    buffers.before_forward(unit)
     if unit.mp is not None:
         args, kwargs = cast_floating((args, kwargs), unit.mp.param_dtype)
-    grad = torch.is_grad_enabled()
-    unit.set_params(unit.unshard(differentiable=grad))
-    if grad and unit.frees_after_forward:
+    grad, pack = torch.is_grad_enabled(), innermost_saved_tensors_pack()
+    kept = unit.full is not None and in_backward()  # recomputed forward (checkpointing): still gathered
+    unit.set_params(unit.full if kept else unit.unshard(differentiable=grad))
+    if grad and unit.frees_after_forward and (pack is None or isinstance(getattr(pack, "__self__", None), Unit)):
         unit.saved_scope = contextlib.ExitStack()
         unit.saved_scope.enter_context(
             torch.autograd.graph.saved_tensors_hooks(unit.pack_for_backward, unit.unpack_for_backward))
@@ -397,4 +396,5 @@ def after_forward(module: nn.Module, args, output):
         unit.saved_scope = None
     if unit.frees_after_forward or not torch.is_grad_enabled():
         unit.reshard()
+    buffers.after_forward(unit)
     return output

@@ -12,7 +12,8 @@ test_<family>*.py.
 from pathlib import Path
 
 LAYERS = {
-    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint", "sharding", "training_loop"),
+    "behaviour": ("train_parity", "loss_scaling", "mixed_precision", "explore", "checkpoint", "sharding", "training_loop",
+                  "composition"),
     "api": ("clip_grad", "grad_scaler", "extensions", "comm_hooks"),
 }
 FAMILIES = tuple(f for families in LAYERS.values() for f in families)

@@ -225,9 +225,31 @@ def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes
     return failures, figures
 
 
+
+def materialized_whole(construction: int, shapes: Shapes) -> list[str]:
+    """meta_init's promise: while the trainer is made, at most one unit whole, twice (an engine that
+    materializes unit by unit and flattens it, as FSDP1, copies the unit into its flat parameter
+    while the unit's own tensors are alive), and this rank's shards: never the model whole."""
+    bound = 2 * shapes.largest_unit_bytes + shapes.shard_bytes + SMALL
+    if construction <= bound:
+        return []
+    p = shapes.parameter_bytes
+    return [f"built on meta: {_size(construction)} alive at once while the trainer was made ({construction / p:.2f}x "
+            f"of the parameters); meta_init promises <= {_size(bound)} ({bound / p:.2f}x: one unit whole, twice, "
+            f"and this rank's shards)"]
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
 
 
 def _kb(n: float) -> str:
     return f"{n / 1024:.1f} KiB"
+
+
+def _size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps a number >= 1."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024

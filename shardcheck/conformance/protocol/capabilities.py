@@ -37,6 +37,10 @@ BEHAVIOUR = {
                "(Recipe.sync_each_micro_batch=False): no_sync(), set_requires_gradient_sync(False)",
     "eval_forward": "Trainer.evaluate(batch): a forward in eval mode without gradients between training steps",
     "unused_params": "a model with parameters the loss never uses (no gradient on any rank)",
+    "activation_checkpointing": "a model whose layers are activation-checkpointed (torch.utils.checkpoint, "
+                                "checkpoint_wrapper, composable checkpoint) trains as without it",
+    "buffers": "module buffers (BatchNorm running statistics, non-persistent buffers) kept as DDP keeps them: "
+               "broadcast from rank 0 before forward (DDP's broadcast_buffers)",
     "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume, reshard at another "
                   "world size) and Trainer.full_state_dict() (the consolidated, unsharded state dict)",
 }

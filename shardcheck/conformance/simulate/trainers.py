@@ -105,23 +105,10 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
     shapes = promises.Shapes.of(shape, units, shape2d.shard)
     failures, figures = promises.judge(strategy, shape2d.shard, shape2d.replicate, measured, unsharded_figures(p), shapes)
     if device == "meta":
-        failures += _materialized_whole(measured["construction"], shapes)
+        failures += promises.materialized_whole(measured["construction"], shapes)
     return {"rank": rank, "failures": failures, "figures": figures, "built_on": device,
             "construction_bytes": measured["construction"],
             "seconds": round(time.perf_counter() - started, 1), "max_rss_mib": round(max_rss_mib(), 1)}
-
-
-def _materialized_whole(construction: int, shapes: promises.Shapes) -> list[str]:
-    """meta_init's promise: while the trainer is made, at most one unit whole, twice (an engine that
-    materializes unit by unit and flattens it, as FSDP1, copies the unit into its flat parameter
-    while the unit's own tensors are alive), and this rank's shards: never the model whole."""
-    bound = 2 * shapes.largest_unit_bytes + shapes.shard_bytes + promises.SMALL
-    if construction <= bound:
-        return []
-    p = shapes.parameter_bytes
-    return [f"built on meta: {size(construction)} alive at once while the trainer was made ({construction / p:.2f}x "
-            f"of the parameters); meta_init promises <= {size(bound)} ({bound / p:.2f}x: one unit whole, twice, "
-            f"and this rank's shards)"]
 
 
 def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None,

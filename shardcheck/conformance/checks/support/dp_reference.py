@@ -12,7 +12,10 @@ micro-batch's loss is divided by k and its averaged gradient added to the step's
     g = sum_j (1/W) * sum_r grad(loss_rj / k)
 
 whether the candidate syncs every micro-batch or the last only (that changes its communication, not
-the result). A parameter no rank gives a gradient (frozen, unused) keeps None. `evaluate` is the
+the result). Buffers follow DDP's `broadcast_buffers` rule: before a forward, every buffer takes rank
+0's value when the forward before it was a training forward whose gradients were synced (and before
+the very first), so BatchNorm's running statistics, updated by each rank's own batch, are rank 0's
+whenever the model is evaluated. A parameter no rank gives a gradient (frozen, unused) keeps None. `evaluate` is the
 loss in eval mode without gradients. Under mixed precision (param_dtype p, reduce_dtype q) the step is that
 of FSDP's MixedPrecision: forward and backward run on a copy of the float32 master parameters cast
 to p (floating inputs too), gradients are cast to q, averaged in q, and cast to float32 for the
@@ -84,6 +87,21 @@ def average_gradients_(grads, group=None, *, predivide: bool = False) -> None:
         g.div_(size / pre)
 
 
+def broadcast_buffers_(module: nn.Module, group=None) -> None:
+    """``b <- b_0`` for every buffer of ``module``: rank 0's value (the group's first rank), in one
+    broadcast per dtype, as DDP's `_sync_buffers` does."""
+    buckets: dict = {}
+    for b in module.buffers():
+        buckets.setdefault((b.dtype, b.device), []).append(b)
+    source = dist.get_global_rank(group, 0) if group is not None else 0
+    for bs in buckets.values():
+        flat = torch.cat([b.reshape(-1) for b in bs])
+        dist.broadcast(flat, src=source, group=group)
+        with torch.no_grad():
+            for b, part in zip(bs, flat.split([b.numel() for b in bs])):
+                b.copy_(part.view_as(b))
+
+
 class DataParallelReference:
     """The same interface as a candidate's `Trainer`, computed without sharding."""
 
@@ -120,6 +138,8 @@ class DataParallelReference:
         self._sync_compute()
         k = self.recipe.accumulation_steps
         self.compute.zero_grad(set_to_none=True)
+        self.micro = getattr(self, "micro", 0) + 1
+        self._buffers_before_forward(synced=self.recipe.sync_each_micro_batch or self.micro % k == 0)
         loss = self.recipe.loss_fn(self.compute, batch)
         scaled = loss / k if k > 1 else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
@@ -134,8 +154,16 @@ class DataParallelReference:
             p.grad = None if g is None else g.to(p.dtype)
         return loss.detach()
 
+    def _buffers_before_forward(self, synced: bool) -> None:
+        """DDP's rule (module doc): broadcast if the previous forward was a synced training forward,
+        or there was none; `synced` says whether this one is (False for an evaluation)."""
+        if getattr(self, "_sync_buffers", True) and next(self.compute.buffers(), None) is not None:
+            broadcast_buffers_(self.compute, self.group)
+        self._sync_buffers = synced
+
     def evaluate(self, batch) -> torch.Tensor:
         self._sync_compute()
+        self._buffers_before_forward(synced=False)
         self.compute.eval()
         try:
             with torch.no_grad():

@@ -1,0 +1,231 @@
+"""What the composition family trains, and how: a transformer-shaped model, the ways users wrap it
+before handing it to an engine (activation checkpointing three ways, built on meta), and a parity
+run that also counts the candidate's collectives per step.
+
+`LayerNet` is ``head(block_1(block_0(tanh(embed(x)))))`` where each `Layer` is a transformer
+layer's shape, ``h = x + tanh(mix(norm(x))); out = h + mlp(h)``: a norm, a token mixer and an MLP.
+Its units nest as llama's do under FSDP: each layer is a unit, and (NESTED) its `mix` and `mlp` are
+units of their own inside it, the layer's unit owning only the norm.
+
+`BufferNet` adds what training keeps besides parameters: a BatchNorm1d (running mean, variance and
+count, updated by every training forward from this rank's batch) and a non-persistent buffer
+(`Frequencies.table`, RoPE's inverse frequencies: computed, never saved, re-made by
+`reset_parameters` after `to_empty`). `TiedNet` ties its output projection to its input projection
+(one parameter, two modules), for meta-device init.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from shardcheck.conformance.checks.support.dp_reference import DataParallelReference
+from shardcheck.conformance.checks.support.parity import compare_steps
+from shardcheck.conformance.measure.traffic import CollectiveCounter
+from shardcheck.conformance.measure.footprint import traffic_table
+
+WIDTH, STEPS = 8, 2
+WRAPPED = "_checkpoint_wrapped_module."  # the name checkpoint_wrapper puts between a layer and its own
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.mix = nn.Linear(WIDTH, WIDTH)
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, 12), nn.Tanh(), nn.Linear(12, WIDTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + torch.tanh(self.mix(self.norm(x)))
+        return h + self.mlp(h)
+
+
+class LayerNet(nn.Module):
+    """`checkpointed`: the model's own forward checkpoints each layer (torch.utils.checkpoint,
+    non-reentrant), as a user's model code does."""
+
+    def __init__(self, checkpointed: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, WIDTH)
+        self.layers = nn.ModuleList(Layer() for _ in range(2))
+        self.head = nn.Linear(WIDTH, 1)
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x))
+        for layer in self.layers:
+            h = checkpoint(layer, h, use_reentrant=False) if self.checkpointed else layer(h)
+        return self.head(h)
+
+
+FLAT = ("layers.0", "layers.1")
+NESTED = (*FLAT, "layers.0.mix", "layers.0.mlp", "layers.1.mix", "layers.1.mlp")
+
+
+def _utils(model: LayerNet) -> LayerNet:
+    model.checkpointed = True
+    return model
+
+
+def _wrapper(model: LayerNet) -> LayerNet:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    return model
+
+
+def _composable(model: LayerNet) -> LayerNet:
+    from torch.distributed._composable import checkpoint as composable_checkpoint
+
+    for layer in model.layers:
+        composable_checkpoint(layer)
+    return model
+
+
+CHECKPOINTING = {  # how users apply activation checkpointing to each layer, before sharding
+    "utils": _utils,             # torch.utils.checkpoint.checkpoint(layer, h) in the model's forward
+    "wrapper": _wrapper,         # checkpoint_wrapper(layer): a module around the layer (names gain a prefix)
+    "composable": _composable,   # torch.distributed._composable.checkpoint(layer): hooks, names unchanged
+}
+
+
+def units_under(how: str, units: tuple[str, ...]) -> tuple[str, ...]:
+    """The unit paths once `how` has wrapped the layers (checkpoint_wrapper moves each layer's
+    modules under `_checkpoint_wrapped_module`); the unit is the layer, inside the wrapper, as in
+    torch's own tests."""
+    if how != "wrapper":
+        return units
+    return tuple(f"layers.{p.split('.')[1]}.{WRAPPED}{'.'.join(p.split('.')[2:])}".rstrip(".") for p in units)
+
+
+class Frequencies(nn.Module):
+    """RoPE-like inverse frequencies: a non-persistent buffer, a pure function of the width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.empty(WIDTH), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.table.copy_(1.0 / (100.0 ** (torch.arange(WIDTH, device=self.table.device) / WIDTH)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.cos(self.table)
+
+
+class BufferNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, WIDTH)
+        self.freq = Frequencies()
+        self.body = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.BatchNorm1d(WIDTH), nn.Tanh())
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.freq(torch.tanh(self.embed(x)))))
+
+
+class TiedNet(nn.Module):
+    """`decode.weight` IS `embed.weight`; `freq.table` is non-persistent; `layer` is a unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(WIDTH, WIDTH)
+        self.freq = Frequencies()
+        self.layer = Layer()
+        self.decode = nn.Linear(WIDTH, WIDTH)
+        self.decode.weight = self.embed.weight
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.freq(torch.tanh(self.embed(x)))
+        return self.head(torch.tanh(self.decode(self.layer(h))))
+
+
+def loss_fn(model, batch) -> torch.Tensor:
+    x, y = batch
+    return F.mse_loss(model(x).float(), y)
+
+
+def batches(ctx, features: int = 6, steps: int = STEPS, micro: int = 1) -> list:
+    """Per step one (x, y) of 4 rows, or `micro` of them; different per rank."""
+    out = []
+    for step in range(steps):
+        got = []
+        for j in range(micro):
+            with ctx.seeded(1000 * step + 100 * j + ctx.rank):
+                got.append((torch.randn(4, features, device=ctx.device), torch.randn(4, 1, device=ctx.device)))
+        out.append(got if micro > 1 else got[0])
+    return out
+
+
+def linear_bound(name: str, model: nn.Module) -> float | None:
+    """nn.Linear.reset_parameters draws weight and bias from U(-b, b), b = 1/sqrt(in_features);
+    None for a parameter of another module."""
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    return 1.0 / math.sqrt(module.in_features) if isinstance(module, nn.Linear) else None
+
+
+class Counted:
+    """A candidate's trainer whose `forward_backward` and `step` run under a `CollectiveCounter`:
+    `traffic[i]` is step i's table (footprint.traffic_table); `rename` maps the engine's parameter
+    names to the plain model's."""
+
+    def __init__(self, trainer, rename=lambda name: name) -> None:
+        self.trainer, self.rename, self.traffic, self._counter = trainer, rename, [], None
+
+    def _count(self, call, *args):
+        if self._counter is None:
+            self._counter = CollectiveCounter()
+        with self._counter:
+            return call(*args)
+
+    def forward_backward(self, batch):
+        return self._count(self.trainer.forward_backward, batch)
+
+    def step(self):
+        result = self._count(self.trainer.step)
+        self.traffic.append(traffic_table(self._counter))
+        self._counter = None
+        return result
+
+    def evaluate(self, batch):
+        return self.trainer.evaluate(batch)
+
+    def full_grads(self):
+        return {self.rename(n): g for n, g in self.trainer.full_grads().items()}
+
+    def full_params(self):
+        return {self.rename(n): p for n, p in self.trainer.full_params().items()}
+
+    def close(self) -> None:
+        if hasattr(self.trainer, "close"):
+            self.trainer.close()
+
+
+def train_composed(ctx, impl, plain: nn.Module, model: nn.Module, spec, recipe, batches: list,
+                   rename=lambda name: name) -> list[dict]:
+    """Train `model` (what the user composed from `plain`) with the candidate's trainer and `plain`
+    with unsharded data-parallel training, compared after every step (parity.compare_steps); return
+    the candidate's collectives of each step."""
+    reference = DataParallelReference(plain, spec, recipe, ctx.group)
+    trainer = Counted(impl.trainer(model, spec, recipe), rename)
+    try:
+        compare_steps(ctx, trainer, reference, recipe, batches)
+        return trainer.traffic
+    finally:
+        trainer.close()
+
+
+def built(ctx, build) -> tuple[nn.Module, nn.Module]:
+    """The model built the plain way (seed 0) twice: one for the candidate, one for the yardstick."""
+    with ctx.seeded(0):
+        plain = build().to(ctx.device)
+    return plain, copy.deepcopy(plain)
