@@ -97,7 +97,8 @@ class SimpleFSDPAdapter:
     version = importlib.metadata.version("torchtitan")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_1",
                               "clip_norm_2", "clip_norm_inf", "mixed_precision_bf16", "mixed_precision_fp16",
-                              "grad_accumulation", "eval_forward", "unused_params", "meta_init"})
+                              "grad_accumulation", "eval_forward", "unused_params", "meta_init",
+                              "activation_checkpointing", "buffers"})
 
     def trainer(self, model, spec, recipe):
         if len(spec.strategies) > 1 or spec.offload:

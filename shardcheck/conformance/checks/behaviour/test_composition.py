@@ -7,8 +7,9 @@ capability (an engine that cannot do one gets unsupported, with its reason).
 
 * activation checkpointing, three ways users apply it to each layer (torch.utils.checkpoint in the
   model's forward, checkpoint_wrapper, the composable checkpoint), the layers' sub-modules units of
-  their own or not: the numbers equal training without it, and the step sends exactly what the same
-  engine sends without it (recompute must not all-gather a unit again);
+  their own or not: the numbers equal training without it, the step sends no more than the same
+  engine without it or the strategy's promise (recompute must not gather a unit a second time), and
+  forward leaves less held for backward;
 * meta-device init: a model built on meta, handed to the trainer, which materializes only what its
   rank holds: the parameters it ends with agree on every rank, follow the modules' own
   `reset_parameters`, a tied weight stays one parameter, a non-persistent buffer is initialized (the
@@ -32,19 +33,20 @@ from shardcheck.conformance.checks.support.dp_reference import DataParallelRefer
 from shardcheck.conformance.checks.support.parity import compare_steps, train_in_parity
 from shardcheck.conformance.measure import footprint, promises
 from shardcheck.conformance.measure.memory import MemoryTracker
-from shardcheck.conformance.protocol import Clip, Optimizer, Recipe, ShardSpec
+from shardcheck.conformance.protocol import Optimizer, Recipe, ShardSpec
 from shardcheck.conformance.protocol.capabilities import of_strategy
 from shardcheck.harness import distributed
 
-RECIPE = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(0.5, 2.0))
+RECIPE = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2))  # clipping is its own family's
 
 
 def _needs(*capabilities):
-    return lambda params: {of_strategy(params["strategy"]), "clip_norm_2", *capabilities}
+    return lambda params: {of_strategy(params["strategy"]), *capabilities}
 
 
-def _sends(traffic: dict) -> dict:
-    return {kind: (row["calls"], row["volume"]) for kind, row in sorted(traffic.items())}
+def _sent(traffic: dict) -> dict:
+    """{kind: bytes this rank sent} of one step's traffic table."""
+    return {kind: row["sent"] for kind, row in sorted(traffic.items())}
 
 
 @distributed(world_size=2)
@@ -54,9 +56,10 @@ def _sends(traffic: dict) -> dict:
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
 def test_activation_checkpointing(ctx, impl, strategy, how, nesting):
     """Each layer checkpointed `how`, its mix and mlp units of their own when `nesting` says so:
-    every step equals unsharded training without checkpointing; each step's collectives (kind,
-    calls, bytes) equal those of the same engine training the same model without checkpointing; and
-    on a process backend, forward leaves fewer bytes held for backward than without it."""
+    every step equals unsharded training without checkpointing; each step sends, by each collective
+    kind, no more than the same engine without checkpointing or the strategy's promise (the larger:
+    an engine whose recompute IS its reshard, as SimpleFSDP's, may send FULL_SHARD's twice); and on
+    a process backend, forward leaves fewer bytes held for backward than without it."""
     units = C.NESTED if nesting == "nested" else C.FLAT
     plain, model = C.built(ctx, C.LayerNet)
     checkpointed_spec = ShardSpec(strategy=strategy, units=C.units_under(how, units), mesh=ctx.mesh())
@@ -65,11 +68,16 @@ def test_activation_checkpointing(ctx, impl, strategy, how, nesting):
     plain, model = C.built(ctx, C.LayerNet)
     spec = ShardSpec(strategy=strategy, units=units, mesh=ctx.mesh())
     unchecked = C.train_composed(ctx, impl, plain, model, spec, RECIPE, C.batches(ctx))
+    shapes = promises.Shapes.of(C.LayerNet(), units, ctx.world_size)
+    promised = promises.sent_formulas(strategy, shapes.shard_bytes * ctx.world_size, ctx.world_size, 1)
     for step, (got, want) in enumerate(zip(checkpointed, unchecked)):
-        ctx.record("traffic", {"step": step, "checkpointed": _sends(got), "plain": _sends(want)})
-        assert _sends(got) == _sends(want), (
-            f"step {step}: with activation checkpointing ({how}) the step's collectives (kind: calls, bytes) are "
-            f"{_sends(got)}, without it {_sends(want)}: recomputing forward must not communicate again")
+        ctx.record("traffic", {"step": step, "checkpointed": _sent(got), "plain": _sent(want), "promised": promised})
+        for kind in sorted(set(got) | set(want)):
+            allowed = max(_sent(want).get(kind, 0.0), promised.get(kind, 0.0))
+            assert _sent(got).get(kind, 0.0) <= allowed, (
+                f"step {step}: with activation checkpointing ({how}) this rank sends {_sent(got).get(kind, 0.0):.0f} B "
+                f"by {kind} ({got[kind]['calls']} calls), without it {_sent(want).get(kind, 0.0):.0f} B; {strategy} "
+                f"promises {promised.get(kind, 0.0):.0f} B: recomputing forward gathered again")
     assert "all_gather" in checkpointed[-1], "no all-gather counted in a sharded step: the counter saw nothing"
     if ctx.is_threaded:  # bytes per rank need a process per rank
         return
@@ -138,7 +146,7 @@ def test_meta_init(ctx, impl, strategy):
             trainer.close()
 
 
-BUFFERS = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(0.5, 2.0), eval_every=1)
+BUFFERS = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2), eval_every=1)
 
 
 @distributed(world_size=2)
@@ -161,8 +169,8 @@ def test_cpu_offload(ctx, impl, strategy, sync):
     """Parameters and gradients offloaded to the CPU, two micro-batches per step, synced on each or
     on the last only (pytorch#73784 broke the latter): every micro-batch's loss and every step's
     gradients, norm and parameters equal unsharded training."""
-    recipe = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(0.5, 2.0),
-                    accumulation_steps=2, sync_each_micro_batch=sync == "every")
+    recipe = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2), accumulation_steps=2,
+                    sync_each_micro_batch=sync == "every")
     spec = ShardSpec(strategy=strategy, units=C.FLAT, offload=True, mesh=ctx.mesh())
     train_in_parity(ctx, impl, C.LayerNet, spec, recipe, C.batches(ctx, micro=2))
 
