@@ -116,6 +116,7 @@ mutant-full-gradient-bucket           gradients kept full-size in an engine-owne
   (FullGradientBucket)                rows: gradients after backward, held after backward, peak during the step
 mutant-accumulation-overwrite         accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)    test_training_loop.py::test_training_loop
   (AccumulationOverwrite)             exactly the cells [*-accumulate-*]                                                  test_training_loop.py::test_training_loop_mixed_precision
+                                      and [*-every] of test_cpu_offload                                                   test_composition.py::test_cpu_offload
 mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outside autograd (their gradient lost)        test_training_loop.py::test_training_loop_mixed_precision
   (DetachedInputCast)                 exactly: every shape but frozen, and every low-precision-gradient cell              test_training_loop.py::test_low_precision_grads_norm
 mutant-mp-reduce-lost-after-eval      reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)  test_training_loop.py::test_training_loop_mixed_precision
@@ -124,6 +125,16 @@ mutant-clip-norm-in-grad-dtype        clip norm accumulated and reduced in the g
   (NormInGradDtype)
 mutant-no-sync-held-dropped           gradients held under no_sync dropped on the last micro-batch's reduction            test_training_loop.py::test_training_loop
   (UnsyncedDroppedOnLast)             exactly the cells [*-accumulate_no_sync-*]                                          test_training_loop.py::test_training_loop_mixed_precision
+mutant-ac-recompute-regathers         a recomputed forward re-gathers a unit that is still gathered (SHARD_GRAD_OP +      test_composition.py::test_activation_checkpointing
+  (RecomputeRegathers)                checkpointing); exactly the cells [*-SHARD_GRAD_OP-*]
+mutant-ac-saves-past-checkpointing    a unit's saved-tensors hooks override checkpointing's; exactly [*-FULL_SHARD-*]     test_composition.py::test_activation_checkpointing
+  (SavesPastCheckpointing)
+mutant-meta-init-unties               to_empty() on a meta-built model unties a weight two modules share                  test_composition.py::test_meta_init
+  (MetaInitUnties)
+mutant-meta-init-buffer-uninitialized a non-persistent buffer left as to_empty() left it (its module owns no parameter)   test_composition.py::test_meta_init
+  (BufferLeftUninitialized)
+mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before forward (statistics diverge per rank)      test_composition.py::test_buffers
+  (BuffersNotBroadcast)
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -142,6 +153,13 @@ from shardcheck.conformance.mutants.clip import (
     ClipNonRootAccepted,
     ClipReplicatedOvercount,
     ClipUnclamped,
+)
+from shardcheck.conformance.mutants.composition import (
+    BufferLeftUninitialized,
+    BuffersNotBroadcast,
+    MetaInitUnties,
+    RecomputeRegathers,
+    SavesPastCheckpointing,
 )
 from shardcheck.conformance.mutants.comm import (
     CommHookIgnored,
@@ -242,6 +260,11 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ReduceDtypeLostAfterEval,
     NormInGradDtype,
     UnsyncedDroppedOnLast,
+    RecomputeRegathers,
+    SavesPastCheckpointing,
+    MetaInitUnties,
+    BufferLeftUninitialized,
+    BuffersNotBroadcast,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

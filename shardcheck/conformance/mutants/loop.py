@@ -20,6 +20,7 @@ from shardcheck.conformance.mutants.base import MutantAdapter, replace
 LOOP = "test_training_loop.py::test_training_loop"
 MIXED = "test_training_loop.py::test_training_loop_mixed_precision"
 LOW_GRADS = "test_training_loop.py::test_low_precision_grads_norm"
+OFFLOAD = "test_composition.py::test_cpu_offload"  # offloaded gradients accumulate the same way
 
 
 def _module(name: str):
@@ -29,12 +30,13 @@ def _module(name: str):
 class AccumulationOverwrite(MutantAdapter):
     """A micro-batch's reduced gradient REPLACES the shard's gradient instead of adding to it: with
     gradients synced on every micro-batch, the step trains on the last micro-batch's gradient only
-    (no_sync runs reduce once per step, so they are untouched)."""
+    (no_sync runs reduce once per step, so they are untouched), CPU-offloaded gradients included."""
 
     name = "mutant-accumulation-overwrite"
     bug = "accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)"
-    checks = (LOOP, MIXED)
-    cells = ("test_training_loop[*-accumulate-*]", "test_training_loop_mixed_precision[*-accumulate-*]")
+    checks = (LOOP, MIXED, OFFLOAD)
+    cells = ("test_training_loop[*-accumulate-*]", "test_training_loop_mixed_precision[*-accumulate-*]",
+             "test_cpu_offload[*-every]")
 
     def patch(self) -> None:
         def overwrite(param, grad, dtype):

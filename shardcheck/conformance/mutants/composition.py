@@ -1,0 +1,119 @@
+"""Mutants of the compositions (family composition): activation checkpointing, meta-device init and
+buffers, each modelled on a bug of a real engine (FINDINGS F46-F50, verl#7834, torchtune#218).
+
+Each names `cells`: globs over the cells of its checks at world size 2 that must fail, every other
+cell of them must pass (tests/conformance/test_mutants.py::test_mutant_kills_exactly_its_cells).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from shardcheck.conformance.mutants.base import MutantAdapter, replace
+
+AC = "test_composition.py::test_activation_checkpointing"
+META = "test_composition.py::test_meta_init"
+BUFFERS = "test_composition.py::test_buffers"
+
+
+def _module(name: str):
+    return importlib.import_module(f"shardcheck.reference_impl.{name}")
+
+
+class RecomputeRegathers(MutantAdapter):
+    """The forward that activation checkpointing recomputes in backward all-gathers its unit again
+    although the unit is still gathered (SHARD_GRAD_OP keeps it from forward to backward): one more
+    all-gather per checkpointed unit per step, as eager SimpleFSDP does (F49). Numbers unchanged."""
+
+    name = "mutant-ac-recompute-regathers"
+    bug = "a recomputed forward re-gathers a unit that is still gathered (SHARD_GRAD_OP + checkpointing)"
+    checks = (AC,)
+    cells = ("test_activation_checkpointing[*-SHARD_GRAD_OP-*]",)
+
+    def patch(self) -> None:
+        replace(_module("sharding"), "in_backward", lambda: False)
+
+
+class SavesPastCheckpointing(MutantAdapter):
+    """FULL_SHARD's saved-tensors hooks installed under activation checkpointing's own: a unit's
+    forward saves its activations for backward as it would without checkpointing (the innermost
+    hooks win), so checkpointing saves nothing. Numbers and traffic unchanged; forward leaves as much
+    held as without checkpointing (what shardcheck's reference did before the family existed)."""
+
+    name = "mutant-ac-saves-past-checkpointing"
+    bug = "a unit's saved-tensors hooks override checkpointing's: activations kept, nothing saved by it"
+    checks = (AC,)
+    cells = ("test_activation_checkpointing[*-FULL_SHARD-*]",)
+
+    def patch(self) -> None:
+        replace(_module("sharding"), "innermost_saved_tensors_pack", lambda: None)
+
+
+class MetaInitUnties(MutantAdapter):
+    """Sharding a model built on the meta device gives each module that holds a shared parameter a
+    Parameter of its own (FSDP1 materializes module by module with `to_empty(recurse=False)`: F47;
+    verl#7834): a tied output projection is initialised and trained apart. Models built on the CPU
+    stay tied."""
+
+    name = "mutant-meta-init-unties"
+    bug = "a weight two modules share, untied when the model is built on meta"
+    checks = (META,)
+    cells = ("test_meta_init[*]",)
+
+    def patch(self) -> None:
+        import shardcheck.reference_impl as ri
+
+        original = ri.shard
+
+        def untying_shard(module, **kwargs):
+            seen = set()
+            for m in module.modules():
+                for name, p in list(m._parameters.items()):
+                    if p is not None and p.is_meta and id(p) in seen:
+                        m._parameters[name] = torch.nn.Parameter(torch.empty_like(p), p.requires_grad)
+                    elif p is not None:
+                        seen.add(id(p))
+            return original(module, **kwargs)
+
+        replace(ri, "shard", untying_shard)
+
+
+class BufferLeftUninitialized(MutantAdapter):
+    """Meta-device init runs `reset_parameters()` only on modules that own parameters: a module
+    whose only state is a non-persistent buffer (RoPE's inverse frequencies) keeps what `to_empty`
+    left (torchtune#218). The first loss differs."""
+
+    name = "mutant-meta-init-buffer-uninitialized"
+    bug = "a non-persistent buffer left as to_empty() left it (its module owns no parameter)"
+    checks = (META,)
+    cells = ("test_meta_init[*]",)
+
+    def patch(self) -> None:
+        from shardcheck.conformance.protocol import torch_style
+
+        @torch.no_grad()
+        def materialize(model, device):
+            model.to_empty(device=device)
+            for t in (*model.parameters(), *model.buffers()):
+                t.zero_()
+            for module in model.modules():
+                if hasattr(module, "reset_parameters") and next(module.parameters(recurse=False), None) is not None:
+                    module.reset_parameters()
+            return model
+
+        replace(torch_style, "materialize", materialize)
+
+
+class BuffersNotBroadcast(MutantAdapter):
+    """Buffers never broadcast (FSDP's way, F48): each rank's BatchNorm statistics follow its own
+    batches, and the ranks evaluate with different ones."""
+
+    name = "mutant-buffers-not-broadcast"
+    bug = "buffers not broadcast from rank 0 before forward (BatchNorm statistics diverge per rank)"
+    checks = (BUFFERS,)
+    cells = ("test_buffers[*]",)
+
+    def patch(self) -> None:
+        replace(_module("buffers"), "broadcast_", lambda module, group: None)
