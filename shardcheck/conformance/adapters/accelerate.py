@@ -142,7 +142,7 @@ class AccelerateAdapter:
         self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                                     "mixed_precision_bf16", "mixed_precision_fp16",
                                                     "grad_accumulation", "no_sync", "eval_forward", "unused_params",
-                                                    "activation_checkpointing", "buffers"}
+                                                    "activation_checkpointing", "buffers", "compile"}
                                                    | ({"orig_params"} if variant == "fsdp2" else set()))
 
     def trainer(self, model, spec, recipe):

@@ -23,7 +23,7 @@ class DDPAdapter(TorchStyleAdapter):
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({"checkpoint", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
         "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
-        "activation_checkpointing", "buffers"}
+        "activation_checkpointing", "buffers", "compile"}
 
     def prepare(self, model: nn.Module, spec: ShardSpec, recipe) -> nn.Module:
         """DDP needs to be told of parameters that get no gradient (`find_unused_parameters`),

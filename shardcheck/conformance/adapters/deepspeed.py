@@ -96,7 +96,7 @@ class DeepSpeedAdapter:
     version = importlib.metadata.version("deepspeed")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
                               "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
-                              "activation_checkpointing", "buffers"})
+                              "activation_checkpointing", "buffers", "compile"})
 
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:

@@ -133,7 +133,7 @@ class LightningAdapter:
         fsdp2 = self.variant.startswith("model-parallel")  # its precision plugins refuse "16-mixed"
         self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                        "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward",
-                                       "unused_params", "orig_params", "activation_checkpointing", "buffers"} | (set() if fsdp2 else
+                                       "unused_params", "orig_params", "activation_checkpointing", "buffers", "compile"} | (set() if fsdp2 else
                                                                   {"no_shard", "hybrid_shard", "mixed_precision_fp16"}))
 
     def trainer(self, model, spec, recipe):

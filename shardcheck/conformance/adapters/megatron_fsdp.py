@@ -88,7 +88,7 @@ class MegatronFSDPAdapter:
     name = "megatron-fsdp"
     version = importlib.metadata.version("megatron-fsdp")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_1",
-                              "clip_norm_2", "clip_norm_inf", "activation_checkpointing", "buffers"})
+                              "clip_norm_2", "clip_norm_inf", "activation_checkpointing", "buffers", "compile"})
 
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:  # thread ranks would share its process-global buffers

@@ -24,7 +24,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
-        "activation_checkpointing", "buffers",
+        "activation_checkpointing", "buffers", "compile",
     })
 
     def shard(self, model, spec: ShardSpec):

@@ -98,7 +98,7 @@ class SimpleFSDPAdapter:
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_1",
                               "clip_norm_2", "clip_norm_inf", "mixed_precision_bf16", "mixed_precision_fp16",
                               "grad_accumulation", "eval_forward", "unused_params", "meta_init",
-                              "activation_checkpointing", "buffers"})
+                              "activation_checkpointing", "buffers", "compile"})
 
     def trainer(self, model, spec, recipe):
         if len(spec.strategies) > 1 or spec.offload:

@@ -135,6 +135,8 @@ mutant-meta-init-buffer-uninitialized a non-persistent buffer left as to_empty()
   (BufferLeftUninitialized)
 mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before forward (statistics diverge per rank)      test_composition.py::test_buffers
   (BuffersNotBroadcast)
+mutant-compile-dropped                a layer's torch.compile silently dropped when it is sharded (eager fallback)        test_composition.py::test_compile
+  (CompileDropped)
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -157,6 +159,7 @@ from shardcheck.conformance.mutants.clip import (
 from shardcheck.conformance.mutants.composition import (
     BufferLeftUninitialized,
     BuffersNotBroadcast,
+    CompileDropped,
     MetaInitUnties,
     RecomputeRegathers,
     SavesPastCheckpointing,
@@ -265,6 +268,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     MetaInitUnties,
     BufferLeftUninitialized,
     BuffersNotBroadcast,
+    CompileDropped,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

@@ -16,6 +16,7 @@ from shardcheck.conformance.mutants.base import MutantAdapter, replace
 AC = "test_composition.py::test_activation_checkpointing"
 META = "test_composition.py::test_meta_init"
 BUFFERS = "test_composition.py::test_buffers"
+COMPILE = "test_composition.py::test_compile"
 
 
 def _module(name: str):
@@ -117,3 +118,25 @@ class BuffersNotBroadcast(MutantAdapter):
 
     def patch(self) -> None:
         replace(_module("buffers"), "broadcast_", lambda module, group: None)
+
+
+class CompileDropped(MutantAdapter):
+    """Sharding drops what `module.compile()` set: the compiled layers run eagerly, silently (FSDP1
+    with flat parameters, F51). Numbers unchanged."""
+
+    name = "mutant-compile-dropped"
+    bug = "a layer's torch.compile silently dropped when it is sharded (eager fallback)"
+    checks = (COMPILE,)
+    cells = ("test_compile[*]",)
+
+    def patch(self) -> None:
+        import shardcheck.reference_impl as ri
+
+        original = ri.shard
+
+        def eager_shard(module, **kwargs):
+            for m in module.modules():
+                m._compiled_call_impl = None
+            return original(module, **kwargs)
+
+        replace(ri, "shard", eager_shard)

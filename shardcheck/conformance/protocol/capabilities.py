@@ -39,6 +39,8 @@ BEHAVIOUR = {
     "unused_params": "a model with parameters the loss never uses (no gradient on any rank)",
     "activation_checkpointing": "a model whose layers are activation-checkpointed (torch.utils.checkpoint, "
                                 "checkpoint_wrapper, composable checkpoint) trains as without it",
+    "compile": "a model whose layers are compiled (torch.compile, backend aot_eager) before sharding trains "
+               "as the eager one",
     "buffers": "module buffers (BatchNorm running statistics, non-persistent buffers) kept as DDP keeps them: "
                "broadcast from rank 0 before forward (DDP's broadcast_buffers)",
     "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume, reshard at another "

@@ -16,6 +16,7 @@ count, updated by every training forward from this rank's batch) and a non-persi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -93,6 +94,43 @@ CHECKPOINTING = {  # how users apply activation checkpointing to each layer, bef
     "wrapper": _wrapper,         # checkpoint_wrapper(layer): a module around the layer (names gain a prefix)
     "composable": _composable,   # torch.distributed._composable.checkpoint(layer): hooks, names unchanged
 }
+
+
+class CountingBackend:
+    """torch.compile's `aot_eager` backend, counting the graphs it was handed (a compiled cell whose
+    model never reached the compiler judged eager training)."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, graph, example_inputs):
+        self.graphs += 1
+        return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+
+@contextlib.contextmanager
+def no_progress_monitor():
+    """torch.fx's interpreter (what aot_eager runs) makes a tqdm bar per graph run, disabled, but
+    tqdm starts its monitor thread in `__new__` whatever: a daemon that outlives the cell, which the
+    harness refuses (a thread left running). With tqdm installed, its monitor is off meanwhile."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        yield
+        return
+    interval, tqdm.monitor_interval = tqdm.monitor_interval, 0
+    try:
+        yield
+    finally:
+        tqdm.monitor_interval = interval
+
+
+def compiled(model: LayerNet, backend) -> LayerNet:
+    """Each layer compiled in place (`nn.Module.compile`), as FSDP users compile per transformer
+    block; the engine shards the model afterwards."""
+    for layer in model.layers:
+        layer.compile(backend=backend)
+    return model
 
 
 def units_under(how: str, units: tuple[str, ...]) -> tuple[str, ...]:
@@ -178,10 +216,13 @@ class Counted:
     `traffic[i]` is step i's table (footprint.traffic_table); `rename` maps the engine's parameter
     names to the plain model's."""
 
-    def __init__(self, trainer, rename=lambda name: name) -> None:
+    def __init__(self, trainer, rename=lambda name: name, counting: bool = True) -> None:
         self.trainer, self.rename, self.traffic, self._counter = trainer, rename, [], None
+        self.counting = counting
 
     def _count(self, call, *args):
+        if not self.counting:
+            return call(*args)
         if self._counter is None:
             self._counter = CollectiveCounter()
         with self._counter:
@@ -192,7 +233,8 @@ class Counted:
 
     def step(self):
         result = self._count(self.trainer.step)
-        self.traffic.append(traffic_table(self._counter))
+        if self.counting:
+            self.traffic.append(traffic_table(self._counter))
         self._counter = None
         return result
 
@@ -211,12 +253,13 @@ class Counted:
 
 
 def train_composed(ctx, impl, plain: nn.Module, model: nn.Module, spec, recipe, batches: list,
-                   rename=lambda name: name) -> list[dict]:
+                   rename=lambda name: name, counted: bool = True) -> list[dict]:
     """Train `model` (what the user composed from `plain`) with the candidate's trainer and `plain`
     with unsharded data-parallel training, compared after every step (parity.compare_steps); return
-    the candidate's collectives of each step."""
+    the candidate's collectives of each step (none when not `counted`: torch.compile does not
+    compile under the counter's dispatch mode)."""
     reference = DataParallelReference(plain, spec, recipe, ctx.group)
-    trainer = Counted(impl.trainer(model, spec, recipe), rename)
+    trainer = Counted(impl.trainer(model, spec, recipe), rename, counting=counted)
     try:
         compare_steps(ctx, trainer, reference, recipe, batches)
         return trainer.traffic
