@@ -28,6 +28,10 @@ What each collective computes.  With ``W`` data-parallel ranks and local gradien
 Gradient accumulation: backwards inside ``no_sync(root)`` keep full gradients on the rank,
 summed; the next backward reduces the sum with its own (``accumulation.py``).
 
+Tensor parallelism (``parallelize``, before ``shard``): Megatron's column- and row-parallel linears
+over a second group; the units then shard the TP slices over the data-parallel group
+(``tensor_parallel.py``).
+
 Mixed precision casts shards to ``param_dtype`` before the all-gather and reduces gradients in
 ``reduce_dtype``; the sharded parameters stay in their own dtype.  All-gather extensions
 (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``) let a parameter choose what is communicated.
@@ -47,10 +51,11 @@ from .full_state import full_grads, full_params, full_state
 from .grad_scaler import ShardedGradScaler
 from .mixed_precision import MixedPrecision
 from .sharding import ShardingStrategy, Unit, local_shard, shard, units
+from .tensor_parallel import parallelize
 
 __all__ = [
     "shard", "no_sync", "ShardingStrategy", "MixedPrecision", "Unit", "units", "local_shard",
     "full_params", "full_state", "full_grads", "clip_grad_norm_", "ShardedGradScaler",
     "register_comm_hook", "DefaultState", "LowPrecisionState", "allreduce_hook",
-    "reduce_scatter_hook", "fp16_compress_hook", "bf16_compress_hook",
+    "reduce_scatter_hook", "fp16_compress_hook", "bf16_compress_hook", "parallelize",
 ]

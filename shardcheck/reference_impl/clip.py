@@ -4,7 +4,9 @@ For ``p < inf`` the total norm is ``(sum over every gradient element x of |x|^p)
 adds ``|x|^p`` over the elements it *counts*: all of its shards' elements for sharded units, and
 for replicated copies (NO_SHARD, the replicas of HYBRID_SHARD) only where it is the first replica,
 so every element is counted exactly once.  One ``all_reduce(SUM)`` of the local sums then gives
-``total^p``.  For ``p = inf`` it is one ``all_reduce(MAX)`` of the local maxima.  Gradients are then
+``total^p``.  For ``p = inf`` it is one ``all_reduce(MAX)`` of the local maxima.  Under tensor
+parallelism (tensor_parallel.py) a second all-reduce over the TP group adds the TP slices, each
+replicated parameter counted on the group's first rank only.  Gradients are then
 scaled by ``min(1, max_norm / (total + 1e-6))`` on device, without a host sync, as torch does.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from . import tensor_parallel
 from .sharding import unit_of, units
 
 
@@ -32,18 +35,19 @@ def clip_grad_norm_(module: torch.nn.Module, max_norm: float, norm_type: float =
     norm_type = float(norm_type)
     all_grads, counted = [], []
     for u in units(module):
-        grads = [sp.shard.grad for sp in u.params if sp.shard.grad is not None]
-        all_grads += grads
+        with_grad = [sp for sp in u.params if sp.shard.grad is not None]
+        all_grads += [sp.shard.grad for sp in with_grad]
         if u.first_replica:
-            counted += grads
+            counted += [(*sp.uses[0], sp.shard.grad) for sp in with_grad]
+    sliced, replicated, tp_group = tensor_parallel.split_counted(counted)
+    if tp_group is not None and dist.get_rank(tp_group) != 0:
+        replicated = []  # the same on every rank of the TP group: counted on its first rank
     device = all_grads[0].device if all_grads else root.device
-    local = _local_norm(counted, norm_type, device)
-    if norm_type == math.inf:
-        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=root.dp_group)
-        total = local
-    else:
-        dist.all_reduce(local, group=root.dp_group)
-        total = local ** (1.0 / norm_type)
+    local = _local_norm(sliced + replicated, norm_type, device)
+    op = dist.ReduceOp.MAX if norm_type == math.inf else dist.ReduceOp.SUM
+    for group in (root.dp_group, tp_group) if tp_group is not None else (root.dp_group,):
+        dist.all_reduce(local, op=op, group=group)
+    total = local if norm_type == math.inf else local ** (1.0 / norm_type)
     clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in all_grads:
         g.mul_(clip_coef.to(g.device, g.dtype))

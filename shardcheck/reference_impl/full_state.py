@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import collectives as C
+from . import collectives as C, tensor_parallel
 from .extensions import has_extension
 from .sharding import Unit, units
 
@@ -63,7 +63,8 @@ def full_params(model: nn.Module, writeback: bool = True) -> Iterator[nn.Module]
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{name: full parameter}`` (detached copies, original dtype) on every rank."""
     with full_params(model, writeback=False):
-        return {n: p.detach().clone() for n, p in model.named_parameters()}
+        local = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return tensor_parallel.full(model, local)  # TP slices gathered (tensor_parallel.py)
 
 
 def full_grads(model: nn.Module) -> dict[str, Optional[torch.Tensor]]:
@@ -94,7 +95,7 @@ def full_grads(model: nn.Module) -> dict[str, Optional[torch.Tensor]]:
             out[name] = None
         else:
             out[name] = gathered[id(p)] if id(p) in gathered else p.grad.detach().clone()
-    return out
+    return tensor_parallel.full(model, out)
 
 
 def _kind(shard: torch.Tensor) -> str:

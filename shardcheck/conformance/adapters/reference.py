@@ -24,12 +24,15 @@ class ReferenceAdapter(TorchStyleAdapter):
         "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
-        "activation_checkpointing", "buffers", "compile",
+        "activation_checkpointing", "buffers", "compile", "tensor_parallel",
     })
 
     def shard(self, model, spec: ShardSpec):
+        if spec.tensor_parallel:
+            ri.parallelize(model, spec.mesh["tp"].get_group(), spec.tensor_parallel)
+
         def one(module, strategy):
-            ri.shard(module, mesh=spec.mesh, strategy=STRATEGIES[strategy],
+            ri.shard(module, mesh=spec.dp_mesh, strategy=STRATEGIES[strategy],
                      mixed_precision=_mp(spec.mixed_precision), offload=spec.offload)
 
         for path, module in spec.unit_modules(model):

@@ -16,6 +16,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from shardcheck.conformance.adapters import dcp
 from shardcheck.conformance.adapters.dtensors import full_tensors
@@ -38,7 +39,7 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
-        mesh = spec.mesh if spec.mesh is not None else init_device_mesh(spec.device.type, (torch.distributed.get_world_size(),))
+        mesh = spec.dp_mesh if spec.mesh is not None else init_device_mesh(spec.device.type, (torch.distributed.get_world_size(),))
         if strategy == "HYBRID_SHARD":
             if mesh.ndim != 2:
                 raise ValueError("HYBRID_SHARD needs a 2-D (replicate, shard) mesh")
@@ -57,6 +58,9 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
             raise Unsupported("FSDP2 MixedPrecisionPolicy has no buffer_dtype / keep_low_precision_grads")
         policy = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else MixedPrecisionPolicy()
         offload = CPUOffloadPolicy(pin_memory=spec.device.type == "cuda") if spec.offload else None
+        if spec.tensor_parallel:  # torch's TP styles over the "tp" dimension, then FSDP over "dp"
+            parallelize_module(model, spec.mesh["tp"], {path: {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}[
+                style]() for path, style in spec.tensor_parallel.items()})
 
         def one(module, strategy):
             kwargs = dict(offload_policy=offload) if offload else {}

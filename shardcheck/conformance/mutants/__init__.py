@@ -137,6 +137,10 @@ mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before f
   (BuffersNotBroadcast)
 mutant-compile-dropped                a layer's torch.compile silently dropped when it is sharded (eager fallback)        test_composition.py::test_compile
   (CompileDropped)
+mutant-tp-norm-counts-replicas        TP-replicated gradients counted once per TP rank in the norm                        test_composition.py::test_tensor_parallel
+  (TPNormPerRank)                     exactly the cells [*-norm2] (world size 4)
+mutant-tp-input-grad-not-reduced      a column-parallel input's gradient not all-reduced over the TP group                test_composition.py::test_tensor_parallel
+  (TPInputGradNotReduced)
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -161,6 +165,8 @@ from shardcheck.conformance.mutants.composition import (
     BuffersNotBroadcast,
     CompileDropped,
     MetaInitUnties,
+    TPInputGradNotReduced,
+    TPNormPerRank,
     RecomputeRegathers,
     SavesPastCheckpointing,
 )
@@ -269,6 +275,8 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     BufferLeftUninitialized,
     BuffersNotBroadcast,
     CompileDropped,
+    TPNormPerRank,
+    TPInputGradNotReduced,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

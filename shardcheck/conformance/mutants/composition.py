@@ -17,6 +17,7 @@ AC = "test_composition.py::test_activation_checkpointing"
 META = "test_composition.py::test_meta_init"
 BUFFERS = "test_composition.py::test_buffers"
 COMPILE = "test_composition.py::test_compile"
+TENSOR_PARALLEL = "test_composition.py::test_tensor_parallel"
 
 
 def _module(name: str):
@@ -140,3 +141,41 @@ class CompileDropped(MutantAdapter):
             return original(module, **kwargs)
 
         replace(ri, "shard", eager_shard)
+
+
+class TPNormPerRank(MutantAdapter):
+    """Under tensor parallelism the norm adds every TP rank's copy of a replicated parameter's
+    gradient (the embedding, the norms, a row-parallel bias): counted T times, the total norm too
+    large and the clip too strong (the class of torchtitan#2318, a norm off by 8x)."""
+
+    name = "mutant-tp-norm-counts-replicas"
+    bug = "TP-replicated gradients counted once per TP rank in the norm"
+    checks = (TENSOR_PARALLEL,)
+    cells = ("test_tensor_parallel[*-norm2]",)
+    world_sizes = (4,)
+
+    def patch(self) -> None:
+        tp = _module("tensor_parallel")
+        original = tp.split_counted
+
+        def every_rank_counts(module_params):
+            sliced, replicated, group = original(module_params)
+            return sliced + replicated, [], group  # as if sliced: summed over the TP group
+
+        replace(tp, "split_counted", every_rank_counts)
+
+
+class TPInputGradNotReduced(MutantAdapter):
+    """A column-parallel linear's input gradient is not summed over the TP group in backward: each
+    rank keeps its own part, so everything before the first TP layer (the embedding) trains on a
+    fraction of its gradient, different on every TP rank."""
+
+    name = "mutant-tp-input-grad-not-reduced"
+    bug = "a column-parallel input's gradient not all-reduced over the TP group"
+    checks = (TENSOR_PARALLEL,)
+    cells = ("test_tensor_parallel[*]",)
+    world_sizes = (4,)
+
+    def patch(self) -> None:
+        tp = _module("tensor_parallel")
+        replace(tp.CopyToParallel, "backward", staticmethod(lambda ctx, grad: (grad, None)))

@@ -28,7 +28,10 @@ class MixedPrecision:
 class ShardSpec:
     """How to shard a model. `units` are sub-modules (by class, or dotted path) sharded as their own
     units before the root; `unit_strategies` overrides the strategy per dotted path (mixed strategy).
-    `mesh` is 1-D, or 2-D (replicate, shard) for HYBRID_SHARD; the device comes from it."""
+    `mesh` is 1-D, or 2-D (replicate, shard) for HYBRID_SHARD; the device comes from it.
+    `tensor_parallel` (capability `tensor_parallel`): Megatron-style column / row parallel linears
+    over the mesh's "tp" dimension, the strategy applied over its "dp" dimension (a 2-D (dp, tp)
+    mesh); the full parameters are still the plain model's."""
 
     strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
     units: tuple = ()
@@ -36,6 +39,7 @@ class ShardSpec:
     mixed_precision: MixedPrecision | None = None
     offload: bool = False
     mesh: Any = None  # a DeviceMesh
+    tensor_parallel: dict[str, str] = field(default_factory=dict)  # {nn.Linear path: "colwise" | "rowwise"}
 
     def __post_init__(self) -> None:
         for strategy in (self.strategy, *self.unit_strategies.values()):
@@ -48,6 +52,11 @@ class ShardSpec:
             return torch.device("cpu")
         kind = self.mesh.device_type
         return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
+
+    @property
+    def dp_mesh(self):
+        """The mesh the strategy shards over: the "dp" dimension under tensor parallelism, else `mesh`."""
+        return self.mesh["dp"] if self.tensor_parallel else self.mesh
 
     @property
     def strategies(self) -> set[str]:

@@ -187,18 +187,52 @@ class TiedNet(nn.Module):
         return self.head(torch.tanh(self.decode(self.layer(h))))
 
 
+class Parallel(nn.Module):
+    """A transformer MLP cut for tensor parallelism: `up` column-parallel, `down` row-parallel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.up = nn.Linear(WIDTH, 16)
+        self.down = nn.Linear(16, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+class ParallelNet(nn.Module):
+    """`embed` and `head` replicated over the TP group, two `Parallel` layers sliced (TP_PLAN)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, WIDTH)
+        self.layers = nn.ModuleList(Parallel() for _ in range(2))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.embed(x))
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+TP_PLAN = {f"layers.{i}.{name}": style for i in range(2) for name, style in (("up", "colwise"), ("down", "rowwise"))}
+
+
 def loss_fn(model, batch) -> torch.Tensor:
     x, y = batch
     return F.mse_loss(model(x).float(), y)
 
 
-def batches(ctx, features: int = 6, steps: int = STEPS, micro: int = 1) -> list:
-    """Per step one (x, y) of 4 rows, or `micro` of them; different per rank."""
+def batches(ctx, features: int = 6, steps: int = STEPS, micro: int = 1, rank: int | None = None) -> list:
+    """Per step one (x, y) of 4 rows, or `micro` of them; different per rank (`rank`: the data-parallel
+    rank, when the ranks of a tensor-parallel group must see one batch)."""
+    rank = ctx.rank if rank is None else rank
     out = []
     for step in range(steps):
         got = []
         for j in range(micro):
-            with ctx.seeded(1000 * step + 100 * j + ctx.rank):
+            with ctx.seeded(1000 * step + 100 * j + rank):
                 got.append((torch.randn(4, features, device=ctx.device), torch.randn(4, 1, device=ctx.device)))
         out.append(got if micro > 1 else got[0])
     return out
@@ -213,12 +247,13 @@ def linear_bound(name: str, model: nn.Module) -> float | None:
 
 class Counted:
     """A candidate's trainer whose `forward_backward` and `step` run under a `CollectiveCounter`:
-    `traffic[i]` is step i's table (footprint.traffic_table); `rename` maps the engine's parameter
-    names to the plain model's."""
+    `traffic[i]` is step i's table (footprint.traffic_table), `groups` the groups each kind ran over;
+    `rename` maps the engine's parameter names to the plain model's."""
 
     def __init__(self, trainer, rename=lambda name: name, counting: bool = True) -> None:
         self.trainer, self.rename, self.traffic, self._counter = trainer, rename, [], None
         self.counting = counting
+        self.groups: dict[str, set] = {}  # kind -> the groups (global ranks) it ran over
 
     def _count(self, call, *args):
         if not self.counting:
@@ -235,6 +270,8 @@ class Counted:
         result = self._count(self.trainer.step)
         if self.counting:
             self.traffic.append(traffic_table(self._counter))
+            for call in self._counter.calls:
+                self.groups.setdefault(call.kind, set()).add(tuple(sorted(call.ranks or ())))
         self._counter = None
         return result
 
