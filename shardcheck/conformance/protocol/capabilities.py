@@ -39,6 +39,8 @@ BEHAVIOUR = {
     "unused_params": "a model with parameters the loss never uses (no gradient on any rank)",
     "activation_checkpointing": "a model whose layers are activation-checkpointed (torch.utils.checkpoint, "
                                 "checkpoint_wrapper, composable checkpoint) trains as without it",
+    "tensor_parallel": "ShardSpec.tensor_parallel: column / row parallel linears over a (dp, tp) mesh's tp "
+                       "dimension, the strategy over dp (2-D data x tensor parallel)",
     "compile": "a model whose layers are compiled (torch.compile, backend aot_eager) before sharding trains "
                "as the eager one",
     "buffers": "module buffers (BatchNorm running statistics, non-persistent buffers) kept as DDP keeps them: "
@@ -61,7 +63,8 @@ API = {
     "compression_hooks": "fp16/bf16 gradient compression hooks",
     "all_gather_extensions": "fsdp_pre_all_gather / fsdp_post_all_gather on local shards",
     "meta_init": "shard on the meta device, then to_empty() and initialise",
-    "tensor_parallel": "2-D data x tensor parallel (DTensor) composition",
+    "dtensor_tensor_parallel": "torch's DTensor TP styles (ColwiseParallel, RowwiseParallel, SequenceParallel) on a "
+                               "2-D (dp, tp) mesh, composed with the engine's sharding (the api seed cells)",
     "dtensor_grads": "gradients are DTensors, so collectives can be counted with CommDebugMode",
 }
 

@@ -154,7 +154,7 @@ def test_clip_grad_norm_1d(ctx, impl, norm_type):
 
 
 @distributed(world_size=4)
-@pytest.mark.requires("full_shard", "nested_units", "tensor_parallel")
+@pytest.mark.requires("full_shard", "nested_units", "dtensor_tensor_parallel")
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, INF])
 def test_clip_grad_norm_2d(ctx, impl, norm_type):
     _clip_parity_loop(ctx, impl, "2d", max_norm=0.5, norm_type=norm_type)
@@ -168,7 +168,7 @@ def test_clip_grad_norm_comm_count_1d(ctx, impl, norm_type):
 
 
 @distributed(world_size=4)
-@pytest.mark.requires("full_shard", "nested_units", "dtensor_grads", "tensor_parallel")
+@pytest.mark.requires("full_shard", "nested_units", "dtensor_grads", "dtensor_tensor_parallel")
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, INF])
 def test_clip_grad_norm_comm_count_2d(ctx, impl, norm_type):
     _comm_count(ctx, impl, "2d", 0.5, norm_type)
