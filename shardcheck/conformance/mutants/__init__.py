@@ -129,8 +129,8 @@ mutant-ac-recompute-regathers         a recomputed forward re-gathers a unit tha
   (RecomputeRegathers)                checkpointing); exactly the cells [*-SHARD_GRAD_OP-*]
 mutant-ac-saves-past-checkpointing    a unit's saved-tensors hooks override checkpointing's; exactly [*-FULL_SHARD-*]     test_composition.py::test_activation_checkpointing
   (SavesPastCheckpointing)
-mutant-meta-init-unties               to_empty() on a meta-built model unties a weight two modules share                  test_composition.py::test_meta_init
-  (MetaInitUnties)
+mutant-meta-init-unties               a weight two modules share, untied when the model is built on meta                  test_composition.py::test_meta_init
+  (MetaInitUnties)                                                                                                        test_composition.py::test_meta_init_hybrid
 mutant-meta-init-buffer-uninitialized a non-persistent buffer left as to_empty() left it (its module owns no parameter)   test_composition.py::test_meta_init
   (BufferLeftUninitialized)
 mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before forward (statistics diverge per rank)      test_composition.py::test_buffers

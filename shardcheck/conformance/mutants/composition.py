@@ -61,8 +61,9 @@ class MetaInitUnties(MutantAdapter):
 
     name = "mutant-meta-init-unties"
     bug = "a weight two modules share, untied when the model is built on meta"
-    checks = (META,)
-    cells = ("test_meta_init[*]",)
+    checks = (META, META + "_hybrid")
+    cells = ("test_meta_init[*]", "test_meta_init_hybrid[*]")
+    world_sizes = (2, 4)
 
     def patch(self) -> None:
         import shardcheck.reference_impl as ri

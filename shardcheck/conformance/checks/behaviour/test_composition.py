@@ -120,10 +120,25 @@ def _values_follow_init(ctx, init: dict, meta_built) -> None:
 def test_meta_init(ctx, impl, strategy):
     """Built on meta, materialized by the trainer: names (the tied weight once), values on every rank,
     the bytes alive meanwhile, then training equal to unsharded training from those values."""
+    _meta_init(ctx, impl, strategy)
+
+
+@distributed(world_size=4)
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.requires("hybrid_shard", "meta_init")
+def test_meta_init_hybrid(ctx, impl):
+    """HYBRID_SHARD on a (replicate=2, shard=2) mesh, built on meta: the same, on the replicas too
+    (pytorch#178569: buffers garbage on the non-zero replicas)."""
+    _meta_init(ctx, impl, "HYBRID_SHARD")
+
+
+def _meta_init(ctx, impl, strategy):
     with torch.device("meta"):
         meta = C.TiedNet()
-    shapes = promises.Shapes.of(meta, ("layer",), ctx.world_size)
-    spec = ShardSpec(strategy=strategy, units=("layer",), mesh=ctx.mesh())
+    hybrid = strategy == "HYBRID_SHARD"
+    mesh = ctx.mesh((2, ctx.world_size // 2), ("replicate", "shard")) if hybrid else ctx.mesh()
+    shapes = promises.Shapes.of(meta, ("layer",), ctx.world_size // 2 if hybrid else ctx.world_size)
+    spec = ShardSpec(strategy=strategy, units=("layer",), mesh=mesh)
     with ctx.seeded(0), MemoryTracker(ctx.device) as memory:
         trainer = impl.trainer(meta, spec, RECIPE)
         construction = memory.peak
