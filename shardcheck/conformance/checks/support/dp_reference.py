@@ -89,7 +89,8 @@ def average_gradients_(grads, group=None, *, predivide: bool = False) -> None:
 
 def broadcast_buffers_(module: nn.Module, group=None) -> None:
     """``b <- b_0`` for every buffer of ``module``: rank 0's value (the group's first rank), in one
-    broadcast per dtype, as DDP's `_sync_buffers` does."""
+    broadcast per dtype, as DDP's `_sync_buffers` does. shardcheck/reference_impl/buffers.py has its
+    own copy on purpose, as for `predivide_factor`: the yardstick shares no code with a candidate."""
     buckets: dict = {}
     for b in module.buffers():
         buckets.setdefault((b.dtype, b.device), []).append(b)
