@@ -8,32 +8,11 @@ from 2.10 on."""
 import re
 
 import torch
-import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
-from torch.utils.checkpoint import checkpoint
 
 from _collectives import counting
 from _launch import run, verdict
-
-
-class Layer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm, self.mix, self.mlp = nn.LayerNorm(8), nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x):
-        h = x + self.mix(self.norm(x))
-        return h + self.mlp(h)
-
-
-class Net(nn.Module):
-    def __init__(self, checkpointed):
-        super().__init__()
-        self.embed, self.layer, self.head, self.checkpointed = nn.Linear(8, 8), Layer(), nn.Linear(8, 1), checkpointed
-
-    def forward(self, x):
-        h = self.embed(x)
-        return self.head(checkpoint(self.layer, h, use_reentrant=False) if self.checkpointed else self.layer(h))
+from _nested import Net
 
 
 def gathers(checkpointed):

@@ -4,11 +4,11 @@ own batches, so after one training step the ranks evaluate the same input to dif
 user coming from DDP gets rank-dependent evaluation and checkpoints (rank 0's saved) silently."""
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from _buffers import evaluation_spread
 from _launch import run, verdict
 
 
@@ -17,12 +17,7 @@ def spread(wrap, rank):
     model = wrap(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
     torch.manual_seed(1 + rank)  # each rank its own batch
     model(torch.randn(8, 4)).sum().backward()
-    model.eval()
-    with torch.no_grad():  # DDP broadcasts rank 0's statistics before this forward
-        out = model(torch.ones(2, 4))
-    outs = [torch.zeros_like(out) for _ in range(dist.get_world_size())]
-    dist.all_gather(outs, out)
-    return f"{max((o - outs[0]).abs().max().item() for o in outs):.3g}"
+    return f"{evaluation_spread(model):.3g}"
 
 
 def body(rank, world_size):

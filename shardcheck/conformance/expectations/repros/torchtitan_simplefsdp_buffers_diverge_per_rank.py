@@ -3,10 +3,10 @@ they are, per rank, never broadcast as DDP does before forward: BatchNorm's runn
 each rank's own batches, and after one training step the ranks evaluate one input to different outputs."""
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from _buffers import evaluation_spread
 from _launch import run, verdict
 
 
@@ -18,12 +18,7 @@ def body(rank, world_size):
                           "fully_shard")
     torch.manual_seed(1 + rank)  # each rank its own batch
     model(torch.randn(8, 4)).sum().backward()
-    model.eval()
-    with torch.no_grad():
-        out = model(torch.ones(2, 4))
-    outs = [torch.zeros_like(out) for _ in range(world_size)]
-    dist.all_gather(outs, out)
-    return f"one input evaluated on every rank, largest difference {max((o - outs[0]).abs().max().item() for o in outs):.3g}"
+    return f"one input evaluated on every rank, largest difference {evaluation_spread(model):.3g}"
 
 
 if __name__ == "__main__":
