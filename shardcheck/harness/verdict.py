@@ -25,12 +25,14 @@ class Verdict:
 
 
 def summary_line(message: str) -> str:
-    """The line a reader needs first: the exception (last line of a traceback) or the first line."""
+    """The line a reader needs first: the exception raised (of a chain, the last one: its causes
+    come first in a traceback) or the first line."""
     lines = [line for line in message.strip().splitlines() if line.strip()]
     if not lines:
         return "failed"
-    if lines[0].startswith("Traceback"):  # the exception line ends the indented frames
-        return next((line for line in lines[1:] if not line[0].isspace()), lines[-1]).strip()
+    if lines[0].startswith("Traceback"):  # the exception line ends the indented frames of the last traceback
+        start = max(i for i, line in enumerate(lines) if line.startswith("Traceback"))
+        return next((line for line in lines[start + 1:] if not line[0].isspace()), lines[-1]).strip()
     return lines[0].strip()
 
 

@@ -86,3 +86,20 @@ def test_assert_equal_across_ranks_compares_values_where_digests_cannot(ctx):
     with pytest.raises(AssertionError, match="fraction differs across ranks"):
         ctx.assert_equal_across_ranks(Fraction(ctx.rank, 3), "fraction")
     assert ctx.digests((1, "x")) == ctx.digests((1, "x")) and ctx.digests(Fraction(1, 2)) == [None, None]
+
+
+def test_a_chained_exception_is_headed_by_the_one_raised():
+    """A check that re-raises with `from` (the dtype contract naming the boundary an operator then
+    refused) is headed by its own line, not by the cause printed first."""
+    from shardcheck.harness.verdict import summary_line
+
+    try:
+        try:
+            raise RuntimeError("expected scalar type BFloat16 but found Float")
+        except RuntimeError as exc:
+            raise AssertionError("buffer norm.running_mean seen by forward in float32") from exc
+    except AssertionError as exc:
+        import traceback
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    assert summary_line(text) == "AssertionError: buffer norm.running_mean seen by forward in float32"
+    assert summary_line("Traceback (most recent call last):\n  File 'x'\nValueError: one") == "ValueError: one"

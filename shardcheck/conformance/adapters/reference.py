@@ -21,7 +21,7 @@ class ReferenceAdapter(TorchStyleAdapter):
     version = "0.1.0"
     capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
-        "mixed_precision", "keep_low_precision_grads", "cpu_offload", "clip_grad_norm",
+        "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
         "activation_checkpointing", "buffers", "compile", "tensor_parallel",
@@ -31,13 +31,13 @@ class ReferenceAdapter(TorchStyleAdapter):
         if spec.tensor_parallel:
             ri.parallelize(model, spec.mesh["tp"].get_group(), spec.tensor_parallel)
 
-        def one(module, strategy):
-            ri.shard(module, mesh=spec.dp_mesh, strategy=STRATEGIES[strategy],
-                     mixed_precision=_mp(spec.mixed_precision), offload=spec.offload)
+        def one(module, path):
+            ri.shard(module, mesh=spec.dp_mesh, strategy=STRATEGIES[spec.strategy_of(path)],
+                     mixed_precision=_mp(spec.mixed_precision_of(path)), offload=spec.offload)
 
         for path, module in spec.unit_modules(model):
-            one(module, spec.strategy_of(path))
-        one(model, spec.strategy)
+            one(module, path)
+        one(model, "")
         return model
 
     def no_sync(self, model):

@@ -54,7 +54,7 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
-        "mixed_precision", "keep_low_precision_grads", "cpu_offload",
+        "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "meta_init", "activation_checkpointing", "buffers", "compile",
     })
@@ -67,27 +67,30 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
             self.capabilities = self.capabilities | {"orig_params"}
 
     def shard(self, model, spec: ShardSpec):
-        mp = spec.mixed_precision
-        fmp = FSDPMixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
-                                 buffer_dtype=mp.buffer_dtype,
-                                 keep_low_precision_grads=mp.keep_low_precision_grads) if mp else None
+        def policy(path):
+            mp = spec.mixed_precision_of(path)
+            # cast_forward_inputs: FSDP1's docs ask for it where units' param_dtypes differ
+            return FSDPMixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, buffer_dtype=mp.buffer_dtype,
+                                      keep_low_precision_grads=mp.keep_low_precision_grads,
+                                      cast_forward_inputs=bool(spec.unit_mixed_precision)) if mp else None
+
         device = spec.device
 
-        def wrap(module, strategy):
-            kwargs = {}
+        def wrap(module, path):
+            strategy, kwargs = spec.strategy_of(path), {}
             if strategy.startswith("HYBRID"):
                 if spec.mesh is None or spec.mesh.ndim != 2:
                     raise ValueError("HYBRID_SHARD needs a 2-D (replicate, shard) mesh on CPU")
                 kwargs["device_mesh"] = spec.mesh
             elif spec.mesh is not None:
                 kwargs["process_group"] = spec.mesh.get_group()
-            return FSDP(module, sharding_strategy=ShardingStrategy[strategy], mixed_precision=fmp,
+            return FSDP(module, sharding_strategy=ShardingStrategy[strategy], mixed_precision=policy(path),
                         cpu_offload=CPUOffload(offload_params=spec.offload), device_id=device,
                         use_orig_params=self.use_orig_params, **kwargs)
 
         for path, module in spec.unit_modules(model):
-            _set(model, path, wrap(module, spec.strategy_of(path)))
-        return wrap(model, spec.strategy)
+            _set(model, path, wrap(module, path))
+        return wrap(model, "")
 
     def no_sync(self, model):
         return model.no_sync()

@@ -33,7 +33,7 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
-        "mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
+        "mixed_precision", "per_unit_mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "activation_checkpointing", "buffers", "compile",
     })
@@ -53,23 +53,25 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
         return mesh
 
     def shard(self, model, spec: ShardSpec):
-        mp = spec.mixed_precision
-        if mp is not None and (mp.keep_low_precision_grads or mp.buffer_dtype is not None):
-            raise Unsupported("FSDP2 MixedPrecisionPolicy has no buffer_dtype / keep_low_precision_grads")
-        policy = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else MixedPrecisionPolicy()
+        def policy(path):
+            mp = spec.mixed_precision_of(path)
+            if mp is not None and (mp.keep_low_precision_grads or mp.buffer_dtype is not None):
+                raise Unsupported("FSDP2 MixedPrecisionPolicy has no buffer_dtype / keep_low_precision_grads")
+            return MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else MixedPrecisionPolicy()
+
         offload = CPUOffloadPolicy(pin_memory=spec.device.type == "cuda") if spec.offload else None
         if spec.tensor_parallel:  # torch's TP styles over the "tp" dimension, then FSDP over "dp"
             parallelize_module(model, spec.mesh["tp"], {path: {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}[
                 style]() for path, style in spec.tensor_parallel.items()})
 
-        def one(module, strategy):
-            kwargs = dict(offload_policy=offload) if offload else {}
-            fully_shard(module, mesh=self._mesh(spec, strategy), mp_policy=policy,
+        def one(module, path):
+            strategy, kwargs = spec.strategy_of(path), dict(offload_policy=offload) if offload else {}
+            fully_shard(module, mesh=self._mesh(spec, strategy), mp_policy=policy(path),
                         reshard_after_forward=strategy in ("FULL_SHARD", "HYBRID_SHARD"), **kwargs)
 
         for path, module in spec.unit_modules(model):
-            one(module, spec.strategy_of(path))
-        one(model, spec.strategy)
+            one(module, path)
+        one(model, "")
         return model
 
     @contextlib.contextmanager

@@ -141,6 +141,12 @@ mutant-tp-norm-counts-replicas        TP-replicated gradients counted once per T
   (TPNormPerRank)                     exactly the cells [*-norm2] (world size 4)
 mutant-tp-input-grad-not-reduced      a column-parallel input's gradient not all-reduced over the TP group                test_composition.py::test_tensor_parallel
   (TPInputGradNotReduced)
+mutant-mp-cast-detaches-on-dtype-change a grad-requiring input cast outside autograd when its dtype changes (pytorch#90921) test_mixed_precision.py::test_per_unit_policies
+  (CastDetachesOnDtypeChange)         exactly the per-unit cells [*] and [*-own_dtype]                                    test_mixed_precision.py::test_buffer_dtype
+mutant-mp-buffer-dtype-ignored        MixedPrecision.buffer_dtype ignored: buffers keep their dtype (pytorch#143900)      test_mixed_precision.py::test_buffer_dtype
+  (BufferDtypeIgnored)                exactly the cells [*-buffer_dtype]
+mutant-mp-buffers-follow-param-dtype  buffers cast to param_dtype when the policy sets no buffer_dtype                     test_mixed_precision.py::test_buffer_dtype
+  (BuffersFollowParamDtype)           exactly the cells [*-own_dtype]
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -199,6 +205,11 @@ from shardcheck.conformance.mutants.loop import (
     NormInGradDtype,
     ReduceDtypeLostAfterEval,
     UnsyncedDroppedOnLast,
+)
+from shardcheck.conformance.mutants.precision import (
+    BufferDtypeIgnored,
+    BuffersFollowParamDtype,
+    CastDetachesOnDtypeChange,
 )
 from shardcheck.conformance.mutants.scaler import (
     ScalerBackoffLocal,
@@ -277,6 +288,9 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CompileDropped,
     TPNormPerRank,
     TPInputGradNotReduced,
+    CastDetachesOnDtypeChange,
+    BufferDtypeIgnored,
+    BuffersFollowParamDtype,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

@@ -56,6 +56,10 @@ API = {
                    "requires_grad after sharding); FSDP1's flat parameters do not",
     "mixed_precision": "FSDP-style MixedPrecision (param/reduce/buffer dtypes) on ShardSpec",
     "keep_low_precision_grads": "gradients left in the reduce dtype",
+    "per_unit_mixed_precision": "a policy per unit (ShardSpec.unit_mixed_precision): a float32 norm or head among "
+                                "bfloat16 units, each unit casting the activations it receives to its own dtype",
+    "buffer_dtype": "MixedPrecision.buffer_dtype: a unit's floating buffers (BatchNorm statistics, registered "
+                    "constants) cast to it for forward",
     "cpu_offload": "sharded parameters and gradients kept on the CPU",
     "clip_grad_norm": "clip_grad_norm_ over the live p.grad of a sharded module (torch's API)",
     "sharded_grad_scaler": "a GradScaler object whose found_inf is agreed across ranks",

@@ -37,6 +37,7 @@ class ShardSpec:
     units: tuple = ()
     unit_strategies: dict[str, str] = field(default_factory=dict)
     mixed_precision: MixedPrecision | None = None
+    unit_mixed_precision: dict[str, MixedPrecision | None] = field(default_factory=dict)
     offload: bool = False
     mesh: Any = None  # a DeviceMesh
     tensor_parallel: dict[str, str] = field(default_factory=dict)  # {nn.Linear path: "colwise" | "rowwise"}
@@ -62,19 +63,30 @@ class ShardSpec:
     def strategies(self) -> set[str]:
         return {self.strategy, *self.unit_strategies.values()}
 
+    def is_unit(self, path: str, module: nn.Module) -> bool:
+        """Whether the sub-module at `path` is sharded as a unit of its own (the root is not)."""
+        return bool(path) and (any(isinstance(u, type) and isinstance(module, u) for u in self.units) or
+                               path in self.units or path in self.unit_strategies or path in self.unit_mixed_precision)
+
     def unit_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The (path, module) pairs that become units, deepest first, root excluded."""
-        found = []
-        for path, module in model.named_modules():
-            if not path:
-                continue
-            if any(isinstance(u, type) and isinstance(module, u) for u in self.units) or \
-                    path in self.units or path in self.unit_strategies:
-                found.append((path, module))
+        found = [(path, module) for path, module in model.named_modules() if self.is_unit(path, module)]
         return sorted(found, key=lambda pm: -pm[0].count("."))
 
     def strategy_of(self, path: str) -> str:
         return self.unit_strategies.get(path, self.strategy)
+
+    def mixed_precision_of(self, path: str) -> MixedPrecision | None:
+        """The policy of the unit at `path` ("" for the root): its own, else the root's."""
+        return self.unit_mixed_precision.get(path, self.mixed_precision) if path else self.mixed_precision
+
+    def policies(self, named_modules) -> dict[str, MixedPrecision | None]:
+        """{module path: the policy it computes under}: that of the innermost unit holding it, from
+        `named_modules` ((path, module) pairs of the model as built, root included)."""
+        pairs = list(named_modules)
+        units = sorted((p for p, m in pairs if self.is_unit(p, m)), key=len, reverse=True)
+        return {path: self.mixed_precision_of(next((u for u in units if path == u or path.startswith(u + ".")), ""))
+                for path, _ in pairs}
 
 
 @dataclass(frozen=True)

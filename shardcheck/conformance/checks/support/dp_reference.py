@@ -16,10 +16,11 @@ the result). Buffers follow DDP's `broadcast_buffers` rule: before a forward, ev
 0's value when the forward before it was a training forward whose gradients were synced (and before
 the very first), so BatchNorm's running statistics, updated by each rank's own batch, are rank 0's
 whenever the model is evaluated. A parameter no rank gives a gradient (frozen, unused) keeps None. `evaluate` is the
-loss in eval mode without gradients. Under mixed precision (param_dtype p, reduce_dtype q) the step is that
-of FSDP's MixedPrecision: forward and backward run on a copy of the float32 master parameters cast
-to p (floating inputs too), gradients are cast to q, averaged in q, and cast to float32 for the
-master step (with `keep_low_precision_grads`, micro-batches' gradients are summed in q).
+loss in eval mode without gradients. Under mixed precision the step is that of FSDP's MixedPrecision,
+each module under the policy of the unit holding it (param_dtype p, reduce_dtype q, buffer_dtype b):
+forward and backward run on a copy of the float32 master parameters cast to p, buffers in b, each
+unit's floating inputs cast to its p in autograd; gradients are cast to q, averaged in q, and cast to
+float32 for the master step (with `keep_low_precision_grads`, micro-batches' gradients are summed in q).
 
 It is written apart from protocol/torch_style.py on purpose, although the step reads alike: torch-style
 candidates run that one, and a bug shared by the yardstick and the candidate would never show.
@@ -32,6 +33,7 @@ import copy
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils._pytree import tree_map
 
 from shardcheck.conformance.protocol import Recipe, ShardSpec, StepResult
 
@@ -103,21 +105,60 @@ def broadcast_buffers_(module: nn.Module, group=None) -> None:
                 b.copy_(part.view_as(b))
 
 
+def reduce_dtype_of(mp) -> torch.dtype | None:
+    """The dtype a policy averages gradients in: reduce_dtype, else param_dtype (None: the gradient's own)."""
+    return None if mp is None else mp.reduce_dtype or mp.param_dtype
+
+
+def as_computed(model: nn.Module, spec: ShardSpec, policies: dict) -> nn.Module:
+    """The model as mixed precision computes it (`model` itself when no policy casts anything): a
+    copy whose parameters are in the param_dtype of the policy of the module holding them (the first
+    one, for a parameter two modules share), whose floating buffers are in its buffer_dtype (else
+    as built), and whose root and units cast their floating inputs to their param_dtype on entry,
+    in autograd (an activation keeps its gradient across the cast)."""
+    if not any(mp is not None and (mp.param_dtype or mp.buffer_dtype) for mp in policies.values()):
+        return model
+    low = copy.deepcopy(model)
+    seen = set()
+    for path, module in low.named_modules():
+        mp = policies[path]
+        if mp is None:
+            continue
+        for p in module._parameters.values():
+            if p is not None and p not in seen and mp.param_dtype and p.is_floating_point():
+                p.data = p.data.to(mp.param_dtype)
+            seen.add(p)
+        for name, b in module._buffers.items():
+            if b is not None and mp.buffer_dtype and b.is_floating_point():
+                module._buffers[name] = b.to(mp.buffer_dtype)
+        if mp.param_dtype and (path == "" or spec.is_unit(path, module)):
+            module.register_forward_pre_hook(_cast_inputs(mp.param_dtype), with_kwargs=True)
+    return low
+
+
+def _cast_inputs(dtype: torch.dtype):
+    def hook(_, args, kwargs):
+        return tree_map(lambda a: a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() else a, (args, kwargs))
+    return hook
+
+
 class DataParallelReference:
     """The same interface as a candidate's `Trainer`, computed without sharding."""
 
     def __init__(self, model: nn.Module, spec: ShardSpec, recipe: Recipe, group=None) -> None:
         self.master, self.recipe, self.group = model, recipe, group
-        mp = spec.mixed_precision
-        self.compute_dtype = mp.param_dtype if mp and mp.param_dtype else None
-        self.reduce_dtype = (mp.reduce_dtype if mp and mp.reduce_dtype else self.compute_dtype)
-        # keep_low_precision_grads: the step's gradient is summed over micro-batches in reduce_dtype
-        self.grad_dtype = self.reduce_dtype if mp and mp.keep_low_precision_grads else None
-        self.compute = model
-        if self.compute_dtype:  # a low-precision copy; floating inputs are cast to it (as FSDP does)
-            self.compute = copy.deepcopy(model).to(self.compute_dtype)
-            self.compute.register_forward_pre_hook(lambda _, args: tuple(
-                a.to(self.compute_dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+        policies = spec.policies(model.named_modules())
+        self.compute = as_computed(model, spec, policies)
+        owner = {}  # parameter -> the policy of the first module holding it
+        for path, module in model.named_modules():
+            for p in module._parameters.values():
+                if p is not None:
+                    owner.setdefault(p, policies[path])
+        # per parameter: the dtype its gradient is averaged in (None: its own), and summed in
+        # over micro-batches under keep_low_precision_grads (None: the master's)
+        self.reduce_dtypes = [reduce_dtype_of(owner[p]) for p in model.parameters()]
+        self.grad_dtypes = [r if owner[p] is not None and owner[p].keep_low_precision_grads else None
+                            for r, p in zip(self.reduce_dtypes, model.parameters())]
         self.optimizer = recipe.optimizer.build(self.master.parameters())
         self.scaler = None
         if recipe.loss_scale is not None:
@@ -144,13 +185,12 @@ class DataParallelReference:
         loss = self.recipe.loss_fn(self.compute, batch)
         scaled = loss / k if k > 1 else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-        grads = [None if low.grad is None else low.grad.to(self.reduce_dtype or low.grad.dtype)
-                 for low in self.compute.parameters()]
+        grads = [None if low.grad is None else low.grad.to(r or low.grad.dtype)
+                 for low, r in zip(self.compute.parameters(), self.reduce_dtypes)]
         average_gradients_(grads, self.group)
         summed = getattr(self, "summed", None) or [None] * len(grads)
-        self.summed = [s if g is None else g.to(self.grad_dtype or p.dtype) if s is None
-                       else s + g.to(self.grad_dtype or p.dtype)
-                       for s, g, p in zip(summed, grads, self.master.parameters())]
+        self.summed = [s if g is None else g.to(d or p.dtype) if s is None else s + g.to(d or p.dtype)
+                       for s, g, p, d in zip(summed, grads, self.master.parameters(), self.grad_dtypes)]
         for g, p in zip(self.summed, self.master.parameters()):
             p.grad = None if g is None else g.to(p.dtype)
         return loss.detach()

@@ -28,7 +28,8 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
     rank's batch of step i (a list of `recipe.accumulation_steps` micro-batches when that is > 1).
     `dtype`: the tolerance's dtype (default: that of the expected values). `watch(ctx, modules,
     spec, recipe)`: observers of the candidate's run (dtype_contract.Watch), installed on the
-    user's modules once the trainer is built, so that they see what the engine's hooks made."""
+    user's modules once the trainer is built, so that they see what the engine's hooks made;
+    `modules` maps each path to (module, parameter names, {buffer name: dtype as built})."""
     with ctx.seeded(0):
         model = build().to(ctx.device)
     frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
@@ -36,7 +37,8 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
     key = shared_reference.key(ctx, build, model, spec, recipe, batches)
     reference = shared_reference.replay_or_record(
         ctx, key, lambda: DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group))
-    modules = {path: (m, tuple(m._parameters)) for path, m in model.named_modules()}
+    modules = {path: (m, tuple(m._parameters), {n: b.dtype for n, b in m._buffers.items() if b is not None})
+               for path, m in model.named_modules()}
     trainer = impl.trainer(model, spec, recipe)
     observer = None if watch is None else watch(ctx, modules, spec, recipe)
     try:

@@ -49,7 +49,8 @@ def key(ctx, build, model: torch.nn.Module, spec, recipe, batches: list) -> tupl
         return None
     # `build` and the recipe's loss function compare by identity: a closure made per cell never
     # matches another cell's, and an object cannot be freed (and its id reused) while a key holds it.
-    return (build, recipe, spec.mixed_precision, *_place(ctx), every_rank)
+    policies = tuple(spec.policies(model.named_modules()).items())  # each module's mixed precision
+    return (build, recipe, policies, *_place(ctx), every_rank)
 
 
 def _place(ctx) -> tuple:
