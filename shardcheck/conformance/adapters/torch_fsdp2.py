@@ -38,6 +38,12 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "activation_checkpointing", "buffers", "compile",
     })
 
+    def __getstate__(self) -> dict:
+        """Without the NO_SHARD meshes made so far: they hold this process's groups and a tensor, which
+        pickling to a rank process would send through shared memory (file descriptors the rank then
+        holds: the harness's leak check fails the cell that received them)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_meshes"}
+
     def _mesh(self, spec: ShardSpec, strategy: str):
         mesh = spec.dp_mesh if spec.mesh is not None else init_device_mesh(spec.device.type, (torch.distributed.get_world_size(),))
         if strategy == "HYBRID_SHARD":

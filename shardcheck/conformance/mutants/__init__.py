@@ -141,7 +141,7 @@ mutant-tp-norm-counts-replicas        TP-replicated gradients counted once per T
   (TPNormPerRank)                     exactly the cells [*-norm2] (world size 4)
 mutant-tp-input-grad-not-reduced      a column-parallel input's gradient not all-reduced over the TP group                test_composition.py::test_tensor_parallel
   (TPInputGradNotReduced)
-mutant-mp-cast-detaches-on-dtype-change a grad-requiring input cast outside autograd when its dtype changes (pytorch#90921) test_mixed_precision.py::test_per_unit_policies
+mutant-mp-cast-detaches-on-change     a grad-requiring input cast outside autograd when its dtype changes (pt#90921)      test_mixed_precision.py::test_per_unit_policies
   (CastDetachesOnDtypeChange)         exactly the per-unit cells [*] and [*-own_dtype]                                    test_mixed_precision.py::test_buffer_dtype
 mutant-mp-buffer-dtype-ignored        MixedPrecision.buffer_dtype ignored: buffers keep their dtype (pytorch#143900)      test_mixed_precision.py::test_buffer_dtype
   (BufferDtypeIgnored)                exactly the cells [*-buffer_dtype]

@@ -27,7 +27,7 @@ class CastDetachesOnDtypeChange(MutantAdapter):
     when the cast changes its dtype. Under one policy for every unit an activation arrives in the
     compute dtype already (nothing is cast), so only per-unit policies cut the gradient."""
 
-    name = "mutant-mp-cast-detaches-on-dtype-change"
+    name = "mutant-mp-cast-detaches-on-change"
     bug = "a grad-requiring input cast outside autograd when its dtype changes (pytorch#90921)"
     checks = (PER_UNIT, BUFFERS)
     cells = ("test_per_unit_policies[*]", "test_buffer_dtype[*-own_dtype]")
