@@ -147,6 +147,10 @@ mutant-mp-buffer-dtype-ignored        MixedPrecision.buffer_dtype ignored: buffe
   (BufferDtypeIgnored)                exactly the cells [*-buffer_dtype]
 mutant-mp-buffers-follow-param-dtype  buffers cast to param_dtype when the policy sets no buffer_dtype                     test_mixed_precision.py::test_buffer_dtype
   (BuffersFollowParamDtype)           exactly the cells [*-own_dtype]
+mutant-scaler-refuses-fp16-grads      unscale_ refuses float16 gradients (fairscale#834); exactly the float16 cells       test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler
+  (ScalerRefusesFp16Grads)            (the seed's sparse gradients are float16 too)                                      test_grad_scaler.py::test_scaling_unscaling_sparse
+mutant-scaler-inf-skips-low-grads     inf check skips gradients kept below their parameter's precision                 test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler
+  (ScalerInfCheckSkipsLowPrecision)   exactly the cells [*-inf_on_one_rank]
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -214,8 +218,10 @@ from shardcheck.conformance.mutants.precision import (
 from shardcheck.conformance.mutants.scaler import (
     ScalerBackoffLocal,
     ScalerFoundInfUnsynced,
+    ScalerInfCheckSkipsLowPrecision,
     ScalerGrowthOffByOne,
     ScalerNoBackoff,
+    ScalerRefusesFp16Grads,
     ScalerScaleNotNested,
     ScalerSparseNoCoalesce,
     ScalerUnscaleSkipsSparse,
@@ -291,6 +297,8 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CastDetachesOnDtypeChange,
     BufferDtypeIgnored,
     BuffersFollowParamDtype,
+    ScalerRefusesFp16Grads,
+    ScalerInfCheckSkipsLowPrecision,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

@@ -202,3 +202,51 @@ class ScalerGrowthOffByOne(MutantAdapter):
             self._growth_interval += 1
 
         replace(ShardedGradScaler, "__init__", __init__)
+
+
+class ScalerRefusesFp16Grads(MutantAdapter):
+    """fairscale#834: the sharded scaler's `unscale_` keeps torch.amp.GradScaler's refusal of
+    float16 gradients ("Attempting to unscale FP16 gradients"), so gradients kept in float16
+    (keep_low_precision_grads) cannot be unscaled; bfloat16 and float32 gradients pass."""
+
+    name = "mutant-scaler-refuses-fp16-grads"
+    bug = "unscale_ refuses float16 gradients (fairscale#834)"
+    checks = ("test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler",
+              "test_grad_scaler.py::test_scaling_unscaling_sparse")  # the seed's sparse gradients are float16
+    cells = ("test_low_precision_grads_through_the_scaler[*-fp16-*]", "test_scaling_unscaling_sparse[*]")
+
+    def patch(self) -> None:
+        from shardcheck.reference_impl.grad_scaler import ShardedGradScaler
+
+        replace(ShardedGradScaler, "_unscale_grads_", lambda self, optimizer, inv_scale, found_inf, allow_fp16=True:
+                torch.amp.GradScaler._unscale_grads_(self, optimizer, inv_scale, found_inf, False))
+
+
+class ScalerInfCheckSkipsLowPrecision(MutantAdapter):
+    """``unscale_`` unscales gradients kept in a lower precision than their parameter
+    (keep_low_precision_grads) but leaves them out of the inf check: an overflow there is stepped,
+    and the scale never backs off. Gradients in the parameter's dtype are checked as before."""
+
+    name = "mutant-scaler-inf-skips-low-grads"
+    bug = "inf check skips gradients kept below their parameter's precision"
+    checks = ("test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler",)
+    cells = ("test_low_precision_grads_through_the_scaler[*-inf_on_one_rank]",)
+
+    def patch(self) -> None:
+        from shardcheck.reference_impl.grad_scaler import ShardedGradScaler
+
+        original = ShardedGradScaler._unscale_grads_
+
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+            low = [(p, p.grad) for group in optimizer.param_groups for p in group["params"]
+                   if p.grad is not None and p.grad.dtype != p.dtype]
+            for p, g in low:
+                g.mul_(inv_scale.to(g.device))
+                p.grad = None
+            try:
+                return original(self, optimizer, inv_scale, found_inf, allow_fp16)
+            finally:
+                for p, g in low:
+                    p.grad = g
+
+        replace(ShardedGradScaler, "_unscale_grads_", _unscale_grads_)
