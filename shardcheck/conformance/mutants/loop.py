@@ -20,6 +20,7 @@ from shardcheck.conformance.mutants.base import MutantAdapter, replace
 LOOP = "test_training_loop.py::test_training_loop"
 MIXED = "test_training_loop.py::test_training_loop_mixed_precision"
 LOW_GRADS = "test_training_loop.py::test_low_precision_grads_norm"
+SCHEDULES = "test_training_loop.py::test_requires_grad_changes"
 OFFLOAD = "test_composition.py::test_cpu_offload"  # offloaded gradients accumulate the same way
 
 
@@ -89,6 +90,32 @@ class ReduceDtypeLostAfterEval(MutantAdapter):
             return original(module, args, kwargs)
 
         replace(sharding, "before_forward", forgetting)
+
+
+class ReduceDtypeFromTrainable(MutantAdapter):
+    """pytorch#186998 (FSDP2's `_init_mp_dtypes`): a unit resolves its reduce dtype at its first
+    forward from the parameters that require gradients then; with none (a unit frozen for the first
+    steps of fine-tuning) it keeps no reduce dtype, and once unfrozen its gradients are reduced in
+    param_dtype. A unit trained first and frozen later is unaffected."""
+
+    name = "mutant-mp-reduce-from-trainable"
+    bug = "reduce dtype resolved at the first forward from trainable parameters (pytorch#186998)"
+    checks = (SCHEDULES,)
+    cells = ("test_requires_grad_changes[*-unfreeze*-bf16]", "test_requires_grad_changes[*-unfreeze*-fp16]")
+
+    def patch(self) -> None:
+        sharding = _module("sharding")
+        original = sharding.before_forward
+
+        def resolving(module, args, kwargs):
+            unit = sharding.unit_of(module)
+            if not unit.__dict__.get("_dtypes_resolved"):
+                unit._dtypes_resolved = True
+                if unit.mp is not None and not any(p.shard.requires_grad for p in unit.params):
+                    unit.mp = dataclasses.replace(unit.mp, reduce_dtype=None)
+            return original(module, args, kwargs)
+
+        replace(sharding, "before_forward", resolving)
 
 
 class NormInGradDtype(MutantAdapter):

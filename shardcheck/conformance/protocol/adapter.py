@@ -68,6 +68,10 @@ class Trainer(Protocol):
     # Optional, with the capability `eval_forward`: evaluate(self, batch) -> Tensor: this rank's loss
     # of `recipe.loss_fn` in eval mode without gradients (between steps); training goes on after it.
     #
+    # Optional, with the capability `requires_grad_changes`: set_requires_grad(self, names, flag) ->
+    # None: between steps, the parameters named as in the unsharded model stop or start requiring
+    # gradients, as `p.requires_grad_(flag)` does to the plain model (a fine-tuning schedule).
+    #
     # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
     # engine state) whether it passed or not.
     #

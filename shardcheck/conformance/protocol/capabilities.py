@@ -37,6 +37,8 @@ BEHAVIOUR = {
                "(Recipe.sync_each_micro_batch=False): no_sync(), set_requires_gradient_sync(False)",
     "eval_forward": "Trainer.evaluate(batch): a forward in eval mode without gradients between training steps",
     "unused_params": "a model with parameters the loss never uses (no gradient on any rank)",
+    "requires_grad_changes": "parameters frozen or unfrozen between steps (Recipe.requires_grad_at, "
+                             "Trainer.set_requires_grad), as fine-tuning schedules do",
     "activation_checkpointing": "a model whose layers are activation-checkpointed (torch.utils.checkpoint, "
                                 "checkpoint_wrapper, composable checkpoint) trains as without it",
     "tensor_parallel": "ShardSpec.tensor_parallel: column / row parallel linears over a (dp, tp) mesh's tp "
@@ -90,7 +92,7 @@ def of_norm(norm_type: float) -> str:
 def of_loop(recipe) -> set[str]:
     """The capabilities a recipe's loop shape needs (spec.Recipe): accumulation, sync suppression,
     evaluation between steps, frozen parameters (per-parameter requires_grad: `orig_params`), unused
-    parameters. Tied parameters need none: every trainer must train the model it is given."""
+    parameters, requires_grad changed between steps. Tied parameters need none: every trainer must train the model it is given."""
     needed = set()
     if recipe.accumulation_steps > 1:
         needed.add("grad_accumulation")
@@ -102,6 +104,8 @@ def of_loop(recipe) -> set[str]:
         needed.add("orig_params")
     if recipe.unused:
         needed.add("unused_params")
+    if recipe.requires_grad_at:
+        needed |= {"requires_grad_changes", "orig_params"}
     return needed
 
 

@@ -158,7 +158,11 @@ class Recipe:
       engine can refuse them: parameters that arrive with requires_grad=False; parameters the
       loss never uses (no rank gives them a gradient: their gradient stays None and the optimizer
       skips them); (name, alias) pairs where one parameter is held by two modules (listed once,
-      under `name`, by named_parameters())."""
+      under `name`, by named_parameters()).
+    * `requires_grad_at`: a fine-tuning schedule, ((step i, parameter names, flag), ...): before
+      step i's first forward (its evaluation included) those parameters' requires_grad becomes
+      `flag` (`Trainer.set_requires_grad`): a unit frozen for the first steps and then unfrozen,
+      or the reverse. `frozen` is the state the trainer is given."""
 
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
     optimizer: Optimizer = Optimizer()
@@ -170,6 +174,7 @@ class Recipe:
     frozen: tuple[str, ...] = ()
     unused: tuple[str, ...] = ()
     tied: tuple[tuple[str, str], ...] = ()
+    requires_grad_at: tuple[tuple[int, tuple[str, ...], bool], ...] = ()
 
     def __post_init__(self) -> None:
         if self.accumulation_steps < 1 or self.eval_every < 0:
@@ -184,3 +189,7 @@ class Recipe:
 
     def evaluates_before(self, step: int) -> bool:
         return bool(self.eval_every) and step % self.eval_every == 0
+
+    def requires_grad_before(self, step: int) -> list[tuple[tuple[str, ...], bool]]:
+        """The (parameter names, flag) changes the schedule makes before `step`."""
+        return [(names, flag) for at, names, flag in self.requires_grad_at if at == step]

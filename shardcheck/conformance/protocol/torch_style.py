@@ -30,6 +30,10 @@ from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
 class TorchStyleTrainer:
     def __init__(self, adapter, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
         self.adapter, self.recipe = adapter, recipe
+        # who holds each parameter, by the user's names: the modules survive sharding, the
+        # parameter objects may not (set_requires_grad flips whatever they hold)
+        self.holders = {f"{path}.{attr}".lstrip("."): (module, attr) for path, module in model.named_modules()
+                        for attr, p in module._parameters.items() if p is not None}
         self.model = adapter.prepare(model, spec, recipe)
         if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
             materialize(self.model, spec.device)
@@ -52,6 +56,13 @@ class TorchStyleTrainer:
             scaled = loss / k if k > 1 else loss
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss.detach()
+
+    def set_requires_grad(self, names, flag: bool) -> None:
+        """What a fine-tuning schedule does between steps: `p.requires_grad_(flag)` on the
+        parameters the user's modules hold under `names` (capability `requires_grad_changes`)."""
+        for name in names:
+            module, attr = self.holders[name]
+            getattr(module, attr).requires_grad_(flag)
 
     def evaluate(self, batch) -> torch.Tensor:
         """The loss in eval mode without gradients; the model is put back in training mode."""

@@ -25,7 +25,7 @@ from shardcheck.conformance.protocol.capabilities import of_loop, of_strategy
 from shardcheck.harness import distributed
 
 RECIPES = {shape: Recipe(loss_fn=loops.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(0.5, 2.0), **fields)
-           for shape, fields in loops.SHAPES.items()}
+           for shape, fields in {**loops.SHAPES, **loops.SCHEDULES}.items()}
 # keep_low_precision_grads: one plain step of SGD (torch's Adam wants gradients in the parameters'
 # dtype; bfloat16 gradients summed over micro-batches in another order differ by an ulp of the sum)
 LOWGRADS = Recipe(loss_fn=loops.loss_fn, optimizer=Optimizer("sgd", lr=0.05), clip=Clip(0.5, 2.0))
@@ -83,3 +83,17 @@ def test_low_precision_grads_norm(ctx, impl, strategy, shape, precision):
     bfloat16's tolerance (the yardstick's gradients are float32 copies of the same values); the norm
     must still be computed and reduced in float32, whatever the gradients' dtype."""
     _loop(ctx, impl, shape, strategy, precision, LOWGRADS, steps=1)
+
+
+@distributed(world_size=2)
+@pytest.mark.requires.with_args(_needs)
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("shape", sorted(loops.SCHEDULES))
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+def test_requires_grad_changes(ctx, impl, strategy, shape, precision):
+    """A fine-tuning schedule: a unit frozen for the first step (with and without an evaluation
+    before it) then unfrozen, or trained then frozen; in float32 and under each mixed-precision
+    policy. Engines resolve hooks and dtypes lazily at the first forward: a unit whose first
+    forwards had nothing to train must reduce in reduce_dtype once it trains (pytorch#186998), and
+    train at all. The same parity and dtype contract as every loop cell."""
+    _loop(ctx, impl, shape, strategy, precision, RECIPES[shape])

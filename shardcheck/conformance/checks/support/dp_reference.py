@@ -202,6 +202,12 @@ class DataParallelReference:
             broadcast_buffers_(self.compute, self.group)
         self._sync_buffers = synced
 
+    def set_requires_grad(self, names, flag: bool) -> None:
+        """The schedule's change, on the master parameters and their low-precision copies."""
+        for model in {id(m): m for m in (self.master, self.compute)}.values():
+            for name in names:
+                model.get_parameter(name).requires_grad_(flag)
+
     def evaluate(self, batch) -> torch.Tensor:
         self._sync_compute()
         self._buffers_before_forward(synced=False)

@@ -12,6 +12,13 @@ trailing ranks of 4 with fewer rows or none. A shape changes one thing:
     unused              `spare` is never called: its parameters get no gradient on any rank
     tied                decode.weight IS embed.weight (one parameter, two modules)
     plain               none of these (the low-precision-gradient cells)
+
+The fine-tuning schedules (SCHEDULES) change requires_grad between steps (Recipe.requires_grad_at):
+
+    unfreeze            `body` (a unit of its own) frozen as built, unfrozen before step 1: its
+                        first forwards run with every parameter of the unit frozen
+    unfreeze_after_eval the same with an evaluation forward before each step
+    freeze              `body` trained at step 0, frozen before step 1
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ class LoopNet(nn.Module):
             self.decode.weight = self.embed.weight
         if shape == "frozen":
             self.embed.requires_grad_(False)
+        if shape.startswith("unfreeze"):
+            self.body.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.embed(x))
@@ -62,8 +71,14 @@ SHAPES = {  # name: the Recipe fields it sets
     "unused": dict(unused=("spare.weight", "spare.bias")),
     "tied": dict(tied=(("embed.weight", "decode.weight"),)),
 }
+BODY = ("body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias")
+SCHEDULES = {  # name: the Recipe fields it sets
+    "unfreeze": dict(frozen=BODY, requires_grad_at=((1, BODY, True),)),
+    "unfreeze_after_eval": dict(frozen=BODY, requires_grad_at=((1, BODY, True),), eval_every=1),
+    "freeze": dict(requires_grad_at=((1, BODY, False),)),
+}
 STEPS = 2  # steps per cell: the second runs on what the first step left (held gradients, state)
-BUILDS = {shape: _builder(shape) for shape in (*SHAPES, "plain")}  # one object per shape: shared references match
+BUILDS = {shape: _builder(shape) for shape in (*SHAPES, *SCHEDULES, "plain")}  # one object per shape: shared references match
 UNITS = ("body",)
 
 PRECISIONS = {  # name: (policy, the capability it needs)
@@ -78,7 +93,7 @@ PRECISIONS = {  # name: (policy, the capability it needs)
 
 def batches(ctx, shape: str) -> list:
     """Per step: one (x, y), or the list of `accumulation_steps` of them; different per rank."""
-    k = SHAPES.get(shape, {}).get("accumulation_steps", 1)
+    k = {**SHAPES, **SCHEDULES}.get(shape, {}).get("accumulation_steps", 1)
     out = []
     for step in range(STEPS):
         micro = []

@@ -61,7 +61,8 @@ class _NoWatch:
 
 
 def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first: int = 0, watch=None) -> list:
-    """Train `trainer` and `reference` on `batches` side by side, comparing the evaluation loss
+    """Train `trainer` and `reference` on `batches` side by side (the recipe's requires_grad
+    schedule applied to both before each step), comparing the evaluation loss
     (when `recipe.eval_every` asks for one before the step), every micro-batch's loss, the full
     gradients, the step's report and the full parameters after every step (numbered from `first` in
     messages); return the reference's StepResults. `watch` observes the trainer's phases and
@@ -70,6 +71,9 @@ def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first
     results = []
     for i, batch in enumerate(batches, start=first):
         micro = recipe.micro_batches(batch)
+        for names, flag in recipe.requires_grad_before(i):
+            trainer.set_requires_grad(names, flag)
+            reference.set_requires_grad(names, flag)
         if recipe.evaluates_before(i):
             with watch.during(i, "eval"):
                 loss = trainer.evaluate(micro[0])

@@ -153,6 +153,9 @@ class Recording:
             self.steps.append({"evals": [], "losses": []})
         return self.steps[-1]
 
+    def set_requires_grad(self, names, flag: bool) -> None:
+        self.reference.set_requires_grad(names, flag)
+
     def evaluate(self, batch) -> torch.Tensor:
         loss = self._watch(lambda: self.reference.evaluate(batch))
         self._open()["evals"].append(_copied(loss))
@@ -196,6 +199,9 @@ class Replay:
         if self.closed:
             self.i, self.closed, self.evals, self.micro = self.i + 1, False, 0, 0
         return self.steps[self.i]
+
+    def set_requires_grad(self, names, flag: bool) -> None:
+        pass  # the recipe, schedule included, is in the key: the recording made the same changes
 
     def evaluate(self, batch) -> torch.Tensor:
         step = self._open()
