@@ -43,6 +43,9 @@ class ReferenceAdapter(TorchStyleAdapter):
     def no_sync(self, model):
         return ri.no_sync(model)
 
+    def held_grads(self, model):
+        return [g for u in ri.units(model) for g in (u.unsynced or []) if g is not None]
+
     def full_params(self, model):
         return ri.full_state(model)
 

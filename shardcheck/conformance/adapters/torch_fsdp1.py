@@ -95,6 +95,11 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
     def no_sync(self, model):
         return model.no_sync()
 
+    def held_grads(self, model):
+        """Under no_sync each unit keeps the unsharded sum on its flat parameter's gradient."""
+        return [m._handle.flat_param.grad for m in FSDP.fsdp_modules(model)
+                if m._handle is not None and m._handle.flat_param.grad is not None]
+
     def full_params(self, model):
         with FSDP.summon_full_params(model, writeback=False):
             return {_clean(n): p.detach().clone() for n, p in model.named_parameters()}

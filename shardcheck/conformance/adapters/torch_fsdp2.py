@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -79,6 +79,20 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
             one(module, path)
         one(model, "")
         return model
+
+    def held_grads(self, model):
+        """Without gradient sync each parameter keeps the unsharded sum (`unsharded_accumulated_grad`,
+        else the unsharded parameter's gradient)."""
+        out = []
+        for module in model.modules():
+            group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+            for fsdp_param in group.fsdp_params if group is not None else ():
+                held = fsdp_param.unsharded_accumulated_grad
+                if held is None and hasattr(fsdp_param, "_unsharded_param"):
+                    held = fsdp_param._unsharded_param.grad
+                if held is not None:
+                    out.append(held)
+        return out
 
     @contextlib.contextmanager
     def no_sync(self, model):

@@ -121,6 +121,8 @@ mutant-mp-detached-input-cast         unit inputs cast to the compute dtype outs
   (DetachedInputCast)                 exactly: every shape but frozen, and every low-precision-gradient cell              test_training_loop.py::test_low_precision_grads_norm
 mutant-mp-reduce-lost-after-eval      reduce dtype lost after a no-grad first forward (gradients reduced in param dtype)  test_training_loop.py::test_training_loop_mixed_precision
   (ReduceDtypeLostAfterEval)          exactly the cells [*-eval_between-*]
+mutant-no-sync-held-in-param-dtype    gradients held across no_sync micro-batches summed in param_dtype (F40's bug)       test_training_loop.py::test_training_loop_mixed_precision
+  (UnsyncedHeldInParamDtype)          exactly the cells [*-accumulate_no_sync-*]
 mutant-mp-reduce-from-trainable       reduce dtype resolved at the first forward from trainable parameters (pt#186998)   test_training_loop.py::test_requires_grad_changes
   (ReduceDtypeFromTrainable)          exactly the cells [*-unfreeze*-bf16] and [*-unfreeze*-fp16]
 mutant-clip-norm-in-grad-dtype        clip norm accumulated and reduced in the gradient dtype (bfloat16), not float32     test_training_loop.py::test_low_precision_grads_norm
@@ -212,6 +214,7 @@ from shardcheck.conformance.mutants.loop import (
     ReduceDtypeFromTrainable,
     ReduceDtypeLostAfterEval,
     UnsyncedDroppedOnLast,
+    UnsyncedHeldInParamDtype,
 )
 from shardcheck.conformance.mutants.precision import (
     BufferDtypeIgnored,
@@ -303,6 +306,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ScalerRefusesFp16Grads,
     ScalerInfCheckSkipsLowPrecision,
     ReduceDtypeFromTrainable,
+    UnsyncedHeldInParamDtype,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

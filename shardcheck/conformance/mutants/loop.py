@@ -153,3 +153,23 @@ class UnsyncedDroppedOnLast(MutantAdapter):
             return list(grads)
 
         replace(_module("sharding"), "merge_unsynced", dropped)
+
+
+class UnsyncedHeldInParamDtype(MutantAdapter):
+    """F40's bug: gradients held across no_sync micro-batches are summed in the compute dtype
+    (param_dtype), not in the reduce dtype; only the synced backward casts the rounded sum."""
+
+    name = "mutant-no-sync-held-in-param-dtype"
+    bug = "gradients held across no_sync micro-batches summed in param_dtype (F40)"
+    checks = (MIXED,)
+    cells = ("test_training_loop_mixed_precision[*-accumulate_no_sync-*]",)
+
+    def patch(self) -> None:
+        mixed = _module("mixed_precision")
+
+        def hold(unit, grads):
+            cast = [None if g is None else g.to(mixed.compute_dtype(unit.mp, g.dtype)) for g in grads]
+            held = unit.unsynced or [None] * len(cast)
+            unit.unsynced = [h if g is None else g if h is None else h + g for h, g in zip(held, cast)]
+
+        replace(_module("sharding"), "hold", hold)

@@ -64,6 +64,11 @@ class TorchStyleTrainer:
             module, attr = self.holders[name]
             getattr(module, attr).requires_grad_(flag)
 
+    def held_grads(self) -> list[torch.Tensor] | None:
+        """The gradients a no_sync micro-batch left for the last one to reduce, where the adapter
+        can show them (None: not observable): the dtype contract reads their dtype."""
+        return self.adapter.held_grads(self.model)
+
     def evaluate(self, batch) -> torch.Tensor:
         """The loss in eval mode without gradients; the model is put back in training mode."""
         return evaluation_loss(self.model, self.recipe.loss_fn, batch)
@@ -126,6 +131,11 @@ class TorchStyleAdapter:
         """A context in which backward accumulates gradients without communicating them (capability
         `no_sync`); the next backward outside it reduces everything accumulated."""
         raise Unsupported(f"{self.name}: no sync suppression (no_sync) for gradient accumulation")
+
+    def held_grads(self, model: nn.Module) -> list[torch.Tensor] | None:
+        """Where this engine keeps the gradients summed across no_sync micro-batches (None: not
+        observable, the default)."""
+        return None
 
     @staticmethod
     def implied(capabilities: set[str]) -> frozenset[str]:

@@ -11,8 +11,9 @@ buffer_dtype b; q defaults to p, p to float32, b to the buffer's dtype as built)
 * input cast: an input that requires a gradient as the caller passes it still requires one after
   the engine's forward pre-hooks (a cast outside autograd drops every gradient behind it);
 * backward: every floating reduce-scatter or all-reduce issued by forward_backward is a gradient
-  reduction and travels in the q of some unit; with gradients synced on the last micro-batch only, the first k-1
-  micro-batches issue none;
+  reduction and travels in the q of some unit; with gradients synced on the last micro-batch only,
+  the first k-1 micro-batches issue none, and the gradients they leave held (where the trainer shows
+  them: `held_grads`) are summed in a q, or in float32 or wider;
 * step: floating all-reduces (norms, inf checks) travel in float32 or wider, whatever the
   gradients' dtype.
 
@@ -54,8 +55,9 @@ class Watch:
     dtype})} of the user's model as built (names and dtypes taken before the engine may have moved
     the parameters off the modules or cast the buffers)."""
 
-    def __init__(self, ctx, modules: dict, spec, recipe) -> None:
+    def __init__(self, ctx, modules: dict, spec, recipe, trainer=None) -> None:
         self.ctx, self.recipe = ctx, recipe
+        self.held_grads = getattr(trainer, "held_grads", lambda: None)
         self.policies = spec.policies((path, m) for path, (m, *_) in modules.items())
         self.reduce = {mp.reduce_dtype or mp.param_dtype or torch.float32 if mp else torch.float32
                        for mp in self.policies.values()}
@@ -122,6 +124,11 @@ class Watch:
             if quiet and reductions:
                 self._note(f"gradients reduced ({reductions[0].kind}) on a micro-batch that no_sync "
                            f"should keep local (sync on the last of {k} only)")
+            held = self.held_grads() if quiet else None
+            low = next((g.dtype for g in held or () if g.is_floating_point() and g.dtype not in self.reduce | set(WIDE)), None)
+            if low is not None:
+                self._note(f"gradients held across no_sync micro-batches in {_name(low)} (each micro-batch "
+                           f"added in {_name(low)}, not in the reduce dtype)")
             for c in reductions:
                 if c.dtype not in self.reduce:
                     self._note(f"gradients reduced in {_name(c.dtype)} ({c.kind}){after_eval}")

@@ -27,7 +27,7 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
     """Run len(batches) steps on both sides; return the reference's StepResults. `batches[i]` is this
     rank's batch of step i (a list of `recipe.accumulation_steps` micro-batches when that is > 1).
     `dtype`: the tolerance's dtype (default: that of the expected values). `watch(ctx, modules,
-    spec, recipe)`: observers of the candidate's run (dtype_contract.Watch), installed on the
+    spec, recipe, trainer)`: observers of the candidate's run (dtype_contract.Watch), installed on the
     user's modules once the trainer is built, so that they see what the engine's hooks made;
     `modules` maps each path to (module, parameter names, {buffer name: dtype as built})."""
     with ctx.seeded(0):
@@ -40,7 +40,7 @@ def train_in_parity(ctx, impl, build: Callable[[], torch.nn.Module], spec: Shard
     modules = {path: (m, tuple(m._parameters), {n: b.dtype for n, b in m._buffers.items() if b is not None})
                for path, m in model.named_modules()}
     trainer = impl.trainer(model, spec, recipe)
-    observer = None if watch is None else watch(ctx, modules, spec, recipe)
+    observer = None if watch is None else watch(ctx, modules, spec, recipe, trainer)
     try:
         results = compare_steps(ctx, trainer, reference, recipe, batches, dtype, watch=observer)
         reference.keep()
