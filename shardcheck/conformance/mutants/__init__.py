@@ -62,6 +62,8 @@ mutant-ext-hooks-ignored              all-gather extension hooks silently ignore
                                                                                                                           test_extensions_subclasses.py::test_subclass_train_parity
 mutant-ext-instance-hooks-ignored     all-gather hooks patched onto the shard object ignored (class lookup only)          test_extensions.py::test_monkey_patch
   (ExtensionInstanceHooksIgnored)
+mutant-ext-local-rows-refused         unpadded extension inputs (the rank's own rows) refused instead of padded (F55)     test_extensions.py::test_uneven_shards
+  (ExtensionLocalRowsRefused)         exactly the cells [*-local_rows]
 mutant-ext-size-unchecked             wrongly sized fsdp_pre_all_gather inputs not detected (silently cropped)            test_extensions.py::test_wrong_size_raises_on_every_rank
   (ExtensionSizeUnchecked)
 mutant-clip-no-grads-silent           clip_grad_norm_ on a rank without gradients does not warn                           test_clip_grad.py::test_no_gradients
@@ -205,6 +207,7 @@ from shardcheck.conformance.mutants.footprint import (
 from shardcheck.conformance.mutants.extensions import (
     ExtensionHooksIgnored,
     ExtensionInstanceHooksIgnored,
+    ExtensionLocalRowsRefused,
     ExtensionSizeUnchecked,
 )
 from shardcheck.conformance.mutants.loop import (
@@ -307,6 +310,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ScalerInfCheckSkipsLowPrecision,
     ReduceDtypeFromTrainable,
     UnsyncedHeldInParamDtype,
+    ExtensionLocalRowsRefused,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

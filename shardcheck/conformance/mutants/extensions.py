@@ -56,3 +56,25 @@ class ExtensionSizeUnchecked(MutantAdapter):
                 return original(entries, group, device)
 
         replace(ext, "check_inputs_agree", check)
+
+
+class ExtensionLocalRowsRefused(MutantAdapter):
+    """FSDP2's contract (F55): fsdp_pre_all_gather inputs must already be padded to the common row
+    count; a hook returning the rank's own rows of an uneven shard is refused (on every rank here,
+    as the reference refuses wrong sizes) instead of being padded by the engine."""
+
+    name = "mutant-ext-local-rows-refused"
+    bug = "unpadded extension inputs (the rank's own rows) refused instead of padded"
+    checks = ("test_extensions.py::test_uneven_shards",)
+    cells = ("test_uneven_shards[*-local_rows]",)
+
+    def patch(self) -> None:
+        from shardcheck.reference_impl import extensions
+
+        original = extensions.check_inputs_agree
+
+        def padded_only(entries, group, device):
+            entries = [(inputs, slot, slot.chunk, error) for inputs, slot, _, error in entries]
+            return original(entries, group, device)
+
+        replace(extensions, "check_inputs_agree", padded_only)
