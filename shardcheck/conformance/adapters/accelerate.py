@@ -25,7 +25,7 @@ import os
 import torch
 
 from shardcheck.conformance.adapters import frontends
-from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss
+from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
 
 try:
     from accelerate import Accelerator, PartialState
@@ -63,12 +63,14 @@ def wrap_for(spec, model, version: int) -> dict:
 
 
 def plugin_for(spec, model, version: int):
-    """The plugin and mixed_precision a user writes for `spec`: strategy, units, compute and reduce dtypes."""
+    """The plugin and mixed_precision a user writes for `spec`: strategy, units, compute, reduce and
+    (FSDP1) buffer dtypes."""
     mp, policy = spec.mixed_precision, None
     if mp is not None:
         from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+        buffers = {"buffer_dtype": mp.buffer_dtype} if version == 1 else {}  # FSDP1's MixedPrecision has one
         policy = (MixedPrecision if version == 1 else MixedPrecisionPolicy)(
-            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype)
+            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, **buffers)
     strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
         {"reshard_after_forward": frontends.STRATEGIES_FSDP2[spec.strategy]}
     return (FullyShardedDataParallelPlugin(fsdp_version=version, mixed_precision_policy=policy, **strategy,
@@ -79,6 +81,7 @@ def plugin_for(spec, model, version: int):
 class AccelerateTrainer:
     def __init__(self, model, recipe, plugin, mixed_precision, shim, joint):
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's state is a process-wide singleton
+        self.holders = ParameterHolders(model)  # before the front-end wraps it (set_requires_grad)
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))  # else MULTI_CPU resets threads
         accumulation = {}
         if recipe.accumulation_steps > 1:  # accelerator.accumulate counts micro-batches; backward divides by k
@@ -105,6 +108,9 @@ class AccelerateTrainer:
             loss = self.recipe.loss_fn(self.model, batch)
             self.accelerator.backward(loss)
         return loss.detach()
+
+    def set_requires_grad(self, names, flag):
+        self.holders.set_requires_grad(names, flag)
 
     def evaluate(self, batch):
         return evaluation_loss(self.model, self.recipe.loss_fn, batch)
@@ -141,15 +147,17 @@ class AccelerateAdapter:
         strategies = {"full_shard", "shard_grad_op"} | ({"no_shard"} if variant != "fsdp2" else set())  # config: per cell
         self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                                     "mixed_precision_bf16", "mixed_precision_fp16",
-                                                    "grad_accumulation", "no_sync", "eval_forward", "unused_params",
+                                                    "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
                                                     "activation_checkpointing", "buffers", "compile"}
-                                                   | ({"orig_params"} if variant == "fsdp2" else set()))
+                                                   | ({"orig_params"} if variant == "fsdp2" else {"buffer_dtype"}))
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Accelerate", spec)
         mp = spec.mixed_precision
-        if len(spec.strategies) > 1 or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
-            raise Unsupported("one sharding strategy per Accelerator; no offload, buffer dtype or low-precision grads")
+        if len(spec.strategies) > 1 or spec.offload or (mp and mp.keep_low_precision_grads):
+            raise Unsupported("one sharding strategy per Accelerator; no offload or low-precision grads")
+        if mp and mp.buffer_dtype and "buffer_dtype" not in self.capabilities:
+            raise Unsupported("FSDP2's MixedPrecisionPolicy has no buffer_dtype")
         if self.variant == "config":  # the user's own config file (accelerate_config.py)
             kwargs, mixed_precision = accelerate_config.load(FullyShardedDataParallelPlugin)
             accelerate_config.check_cell(kwargs, mixed_precision, spec)

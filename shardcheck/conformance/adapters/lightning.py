@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from shardcheck.conformance.adapters import frontends
-from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss
+from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
 
 try:
     from lightning.fabric import Fabric
@@ -71,7 +71,8 @@ def strategy_for(variant, spec, model):
     kwargs = {"device_mesh": spec.mesh} if spec.strategy == "HYBRID_SHARD" else {}
     return (FSDPStrategy if variant == "unshimmed" else CpuFSDPStrategy)(
         sharding_strategy=spec.strategy, **kwargs, auto_wrap_policy=frontends.wrap_policy(spec, model),
-        mixed_precision=MixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else None)
+        mixed_precision=MixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
+                                       buffer_dtype=mp.buffer_dtype) if mp else None)
 
 
 class LightningTrainer:
@@ -82,6 +83,7 @@ class LightningTrainer:
                              precision=PRECISION.get(mp and mp.param_dtype, "32-true"))
         self.fabric.launch()
         self.recipe = recipe
+        self.holders = ParameterHolders(model)  # before the front-end wraps it (set_requires_grad)
         if variant in ("default", "model-parallel-joint"):
             self.model, self.optimizer = self.fabric.setup(model, recipe.optimizer.build(model.parameters()))
         else:
@@ -98,6 +100,9 @@ class LightningTrainer:
             loss = self.recipe.loss_fn(self.model, batch)
             self.fabric.backward(loss / k if k > 1 else loss)
         return loss.detach()
+
+    def set_requires_grad(self, names, flag):
+        self.holders.set_requires_grad(names, flag)
 
     def evaluate(self, batch):
         return evaluation_loss(self.model, self.recipe.loss_fn, batch)
@@ -133,12 +138,14 @@ class LightningAdapter:
         fsdp2 = self.variant.startswith("model-parallel")  # its precision plugins refuse "16-mixed"
         self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                        "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward",
-                                       "unused_params", "orig_params", "activation_checkpointing", "buffers", "compile"} | (set() if fsdp2 else
-                                                                  {"no_shard", "hybrid_shard", "mixed_precision_fp16"}))
+                                       "unused_params", "orig_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile"} | (set() if fsdp2 else
+                                                                  {"no_shard", "hybrid_shard", "mixed_precision_fp16", "buffer_dtype"}))
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Lightning", spec)
         mp = spec.mixed_precision
-        if len(spec.strategies) > 1 or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
-            raise Unsupported("one sharding strategy per Fabric; no offload, buffer dtype or low-precision grads")
+        if len(spec.strategies) > 1 or spec.offload or (mp and mp.keep_low_precision_grads):
+            raise Unsupported("one sharding strategy per Fabric; no offload or low-precision grads")
+        if mp and mp.buffer_dtype and "buffer_dtype" not in self.capabilities:
+            raise Unsupported("FSDP2's MixedPrecisionPolicy has no buffer_dtype")
         return LightningTrainer(model, spec, recipe, self.variant)

@@ -89,7 +89,7 @@ mutant-ckpt-step-reset                optimizer step count not saved (restarts a
                                                                                                                           test_checkpoint_reshard.py::test_reshard
 mutant-ckpt-scaler-not-restored       loss scale and growth tracker not restored on load                                  test_checkpoint.py::test_resume_loss_scaling
   (CheckpointScalerNotRestored)
-mutant-ckpt-optim-state-not-resharded optimizer state not resharded (own rank's file) at another world size              test_checkpoint_reshard.py::test_reshard
+mutant-ckpt-optim-state-not-resharded optimizer state not resharded (own rank's file) at another world size               test_checkpoint_reshard.py::test_reshard
   (CheckpointOptimStateNotResharded)
 mutant-ckpt-export-local-shard        full_state_dict returns the local shards                                            test_checkpoint.py::test_consolidated_export
   (CheckpointExportLocalShard)
@@ -125,7 +125,7 @@ mutant-mp-reduce-lost-after-eval      reduce dtype lost after a no-grad first fo
   (ReduceDtypeLostAfterEval)          exactly the cells [*-eval_between-*]
 mutant-no-sync-held-in-param-dtype    gradients held across no_sync micro-batches summed in param_dtype (F40's bug)       test_training_loop.py::test_training_loop_mixed_precision
   (UnsyncedHeldInParamDtype)          exactly the cells [*-accumulate_no_sync-*]
-mutant-mp-reduce-from-trainable       reduce dtype resolved at the first forward from trainable parameters (pt#186998)   test_training_loop.py::test_requires_grad_changes
+mutant-mp-reduce-from-trainable       reduce dtype resolved at the first forward from trainable parameters (pt#186998)    test_training_loop.py::test_requires_grad_changes
   (ReduceDtypeFromTrainable)          exactly the cells [*-unfreeze*-bf16] and [*-unfreeze*-fp16]
 mutant-clip-norm-in-grad-dtype        clip norm accumulated and reduced in the gradient dtype (bfloat16), not float32     test_training_loop.py::test_low_precision_grads_norm
   (NormInGradDtype)
@@ -151,11 +151,11 @@ mutant-mp-cast-detaches-on-change     a grad-requiring input cast outside autogr
   (CastDetachesOnDtypeChange)         exactly the per-unit cells [*] and [*-own_dtype]                                    test_mixed_precision.py::test_buffer_dtype
 mutant-mp-buffer-dtype-ignored        MixedPrecision.buffer_dtype ignored: buffers keep their dtype (pytorch#143900)      test_mixed_precision.py::test_buffer_dtype
   (BufferDtypeIgnored)                exactly the cells [*-buffer_dtype]
-mutant-mp-buffers-follow-param-dtype  buffers cast to param_dtype when the policy sets no buffer_dtype                     test_mixed_precision.py::test_buffer_dtype
+mutant-mp-buffers-follow-param-dtype  buffers cast to param_dtype when the policy sets no buffer_dtype                    test_mixed_precision.py::test_buffer_dtype
   (BuffersFollowParamDtype)           exactly the cells [*-own_dtype]
 mutant-scaler-refuses-fp16-grads      unscale_ refuses float16 gradients (fairscale#834); exactly the float16 cells       test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler
-  (ScalerRefusesFp16Grads)            (the seed's sparse gradients are float16 too)                                      test_grad_scaler.py::test_scaling_unscaling_sparse
-mutant-scaler-inf-skips-low-grads     inf check skips gradients kept below their parameter's precision                 test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler
+  (ScalerRefusesFp16Grads)            (the seed's sparse gradients are float16 too)                                       test_grad_scaler.py::test_scaling_unscaling_sparse
+mutant-scaler-inf-skips-low-grads     inf check skips gradients kept below their parameter's precision                    test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler
   (ScalerInfCheckSkipsLowPrecision)   exactly the cells [*-inf_on_one_rank]
 ====================================  ==================================================================================  ==================================================================
 """

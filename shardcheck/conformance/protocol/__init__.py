@@ -5,13 +5,13 @@ import importlib
 
 
 __all__ = ["API", "Adapter", "BEHAVIOUR", "CAPABILITIES", "Clip", "LossScale", "MixedPrecision",
-           "OUTCOMES", "Optimizer", "Recipe", "STRATEGIES", "ShardSpec", "StepResult", "TorchAPI",
+           "OUTCOMES", "Optimizer", "ParameterHolders", "Recipe", "STRATEGIES", "ShardSpec", "StepResult", "TorchAPI",
            "TorchStyleAdapter", "TorchStyleTrainer", "Trainer", "Unsupported", "evaluation_loss", "materialize",
            "on_meta"]
 
 # Each name from its module on first use (PEP 562): the pytest plugins import the light modules of
 # this package (outcomes, capabilities) in every session; torch comes with the adapter protocol.
-_HOME = {**dict.fromkeys(("Adapter", "StepResult", "TorchAPI", "Trainer", "evaluation_loss", "materialize", "on_meta"), "adapter"),
+_HOME = {**dict.fromkeys(("Adapter", "ParameterHolders", "StepResult", "TorchAPI", "Trainer", "evaluation_loss", "materialize", "on_meta"), "adapter"),
          **dict.fromkeys(("API", "BEHAVIOUR", "CAPABILITIES", "STRATEGIES"), "capabilities"),
          **dict.fromkeys(("OUTCOMES", "Unsupported"), "outcomes"),
          **dict.fromkeys(("Clip", "LossScale", "MixedPrecision", "Optimizer", "Recipe", "ShardSpec"), "spec"),

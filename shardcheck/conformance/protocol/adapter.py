@@ -32,6 +32,22 @@ class StepResult:
     scale: float | None = None
 
 
+class ParameterHolders:
+    """Who holds each parameter of the user's model, by its unsharded name: recorded before the
+    engine wraps the model. Modules survive sharding; parameter objects may not (FSDP2, the
+    reference replace them), so `set_requires_grad` flips whatever the modules hold then: the ready
+    body of `Trainer.set_requires_grad` (capability `requires_grad_changes`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.holders = {f"{path}.{attr}".lstrip("."): (module, attr) for path, module in model.named_modules()
+                        for attr, p in module._parameters.items() if p is not None}
+
+    def set_requires_grad(self, names, flag: bool) -> None:
+        for name in names:
+            module, attr = self.holders[name]
+            getattr(module, attr).requires_grad_(flag)
+
+
 def evaluation_loss(model: nn.Module, loss_fn: Callable, batch: Any) -> torch.Tensor:
     """An evaluation forward as users write it: `model.eval()`, no gradients, this rank's loss
     (detached), and the model back in training mode. What `Trainer.evaluate` does for an engine

@@ -22,7 +22,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from shardcheck.conformance.protocol.adapter import StepResult, evaluation_loss, materialize, on_meta
+from shardcheck.conformance.protocol.adapter import ParameterHolders, StepResult, evaluation_loss, materialize, on_meta
 from shardcheck.conformance.protocol.outcomes import Unsupported
 from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
 
@@ -30,10 +30,7 @@ from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
 class TorchStyleTrainer:
     def __init__(self, adapter, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
         self.adapter, self.recipe = adapter, recipe
-        # who holds each parameter, by the user's names: the modules survive sharding, the
-        # parameter objects may not (set_requires_grad flips whatever they hold)
-        self.holders = {f"{path}.{attr}".lstrip("."): (module, attr) for path, module in model.named_modules()
-                        for attr, p in module._parameters.items() if p is not None}
+        self.holders = ParameterHolders(model)  # before sharding (set_requires_grad)
         self.model = adapter.prepare(model, spec, recipe)
         if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
             materialize(self.model, spec.device)
@@ -60,9 +57,7 @@ class TorchStyleTrainer:
     def set_requires_grad(self, names, flag: bool) -> None:
         """What a fine-tuning schedule does between steps: `p.requires_grad_(flag)` on the
         parameters the user's modules hold under `names` (capability `requires_grad_changes`)."""
-        for name in names:
-            module, attr = self.holders[name]
-            getattr(module, attr).requires_grad_(flag)
+        self.holders.set_requires_grad(names, flag)
 
     def held_grads(self) -> list[torch.Tensor] | None:
         """The gradients a no_sync micro-batch left for the last one to reduce, where the adapter

@@ -41,7 +41,7 @@ def test_low_precision_compute(ctx, impl, strategy, dtype):
 
 def _layout_needs(params) -> set[str]:
     *_, needs = policies.LAYOUTS[params["layout"]]
-    return {of_strategy(params["strategy"]), "nested_units", "clip_norm_2", "mixed_precision_bf16", *needs}
+    return {of_strategy(params["strategy"]), "clip_norm_2", "mixed_precision_bf16", *needs}
 
 
 def _train_layout(ctx, impl, layout, strategy):

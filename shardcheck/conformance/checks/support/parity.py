@@ -81,10 +81,10 @@ def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first
         for j, one in enumerate(micro):
             with watch.during(i, "forward_backward", j):
                 loss = trainer.forward_backward(one)
+            watch.verify()  # a broken boundary is named before the numbers it breaks
             ref_loss = reference.forward_backward(one)
             where = f"step {i} micro-batch {j}" if len(micro) > 1 else f"step {i}"
             assert_close(ctx, loss.float(), ref_loss.float(), f"{where} loss", dtype=dtype)
-        watch.verify()
         assert_close(ctx, trainer.full_grads(), reference.full_grads(), f"step {i} gradients", dtype=dtype)
         with watch.during(i, "step"):
             got = trainer.step()
