@@ -28,6 +28,24 @@ def _module(name: str):
     return importlib.import_module(f"shardcheck.reference_impl.{name}")
 
 
+def _reduce_dtype_lost_at_first_forward(lost) -> None:
+    """Patch the reference so that a unit whose FIRST forward finds `lost(unit)` true drops its
+    policy's reduce dtype for good (gradients reduced in param_dtype): state an engine resolves
+    lazily, at the first forward, from what that forward happens to see."""
+    sharding = _module("sharding")
+    original = sharding.before_forward
+
+    def resolving(module, args, kwargs):
+        unit = sharding.unit_of(module)
+        if not unit.__dict__.get("_dtypes_resolved"):
+            unit._dtypes_resolved = True
+            if unit.mp is not None and lost(unit):
+                unit.mp = dataclasses.replace(unit.mp, reduce_dtype=None)
+        return original(module, args, kwargs)
+
+    replace(sharding, "before_forward", resolving)
+
+
 class AccumulationOverwrite(MutantAdapter):
     """A micro-batch's reduced gradient REPLACES the shard's gradient instead of adding to it: with
     gradients synced on every micro-batch, the step trains on the last micro-batch's gradient only
@@ -78,18 +96,7 @@ class ReduceDtypeLostAfterEval(MutantAdapter):
     cells = ("test_training_loop_mixed_precision[*-eval_between-*]",)
 
     def patch(self) -> None:
-        sharding = _module("sharding")
-        original = sharding.before_forward
-
-        def forgetting(module, args, kwargs):
-            unit = sharding.unit_of(module)
-            if not unit.__dict__.get("_seen_forward"):
-                unit._seen_forward = True
-                if not torch.is_grad_enabled() and unit.mp is not None:
-                    unit.mp = dataclasses.replace(unit.mp, reduce_dtype=None)
-            return original(module, args, kwargs)
-
-        replace(sharding, "before_forward", forgetting)
+        _reduce_dtype_lost_at_first_forward(lambda unit: not torch.is_grad_enabled())
 
 
 class ReduceDtypeFromTrainable(MutantAdapter):
@@ -104,18 +111,7 @@ class ReduceDtypeFromTrainable(MutantAdapter):
     cells = ("test_requires_grad_changes[*-unfreeze*-bf16]", "test_requires_grad_changes[*-unfreeze*-fp16]")
 
     def patch(self) -> None:
-        sharding = _module("sharding")
-        original = sharding.before_forward
-
-        def resolving(module, args, kwargs):
-            unit = sharding.unit_of(module)
-            if not unit.__dict__.get("_dtypes_resolved"):
-                unit._dtypes_resolved = True
-                if unit.mp is not None and not any(p.shard.requires_grad for p in unit.params):
-                    unit.mp = dataclasses.replace(unit.mp, reduce_dtype=None)
-            return original(module, args, kwargs)
-
-        replace(sharding, "before_forward", resolving)
+        _reduce_dtype_lost_at_first_forward(lambda unit: not any(p.shard.requires_grad for p in unit.params))
 
 
 class NormInGradDtype(MutantAdapter):
