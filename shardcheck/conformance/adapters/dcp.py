@@ -1,4 +1,4 @@
-"""Checkpoints through torch Distributed Checkpoint (DCP), for the DTensor engines (FSDP2, ...).
+"""Checkpoints through torch Distributed Checkpoint (DCP), for torch's engines (FSDP2, FSDP1, ...).
 
 `save` / `load`: the model's and optimizer's sharded state dicts from
 `torch.distributed.checkpoint.state_dict.get_state_dict` (names of the unsharded model), plus the
@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.tensor import DTensor
 
 
@@ -47,8 +48,13 @@ def save(model, optimizer, scaler, path: str) -> None:
 
 
 def load(model, optimizer, scaler, path: str) -> None:
+    """`flatten_sharded_tensors=False`: FSDP1's sharded state dicts hold ShardedTensors, and the
+    default planner's rewrite of them turns the optimizer's param_groups into one key the save never
+    wrote ("Missing key in checkpoint state_dict: optim.param_groups"); DTensor state dicts (FSDP2)
+    load alike either way."""
     state = _state(model, optimizer, scaler)
-    dcp.load(state, checkpoint_id=path, process_group=group_of(model))
+    dcp.load(state, checkpoint_id=path, process_group=group_of(model),
+             planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if scaler is not None:
         scaler.load_state_dict(state["scaler"])

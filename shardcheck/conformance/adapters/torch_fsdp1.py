@@ -13,6 +13,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision as FSDPMixedPrecision, ShardingStrategy
 
+from shardcheck.conformance.adapters import dcp
+
 from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
 _PREFIX = "_fsdp_wrapped_module."
@@ -56,7 +58,7 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
-        "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "meta_init", "activation_checkpointing", "buffers", "compile",
+        "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "meta_init", "checkpoint", "activation_checkpointing", "buffers", "compile",
     })
     variants = {"flat": "use_orig_params=False: each unit's parameters in one flat parameter"}
 
@@ -94,6 +96,15 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
 
     def no_sync(self, model):
         return model.no_sync()
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        dcp.save(model, optimizer, scaler, path)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        dcp.load(model, optimizer, scaler, path)
+
+    def full_state_dict(self, model):
+        return dcp.full_state_dict(model)
 
     def held_grads(self, model):
         """Under no_sync each unit keeps the unsharded sum on its flat parameter's gradient."""
