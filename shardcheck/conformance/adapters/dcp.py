@@ -63,3 +63,17 @@ def load(model, optimizer, scaler, path: str) -> None:
 def full_state_dict(model) -> dict[str, torch.Tensor]:
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {n: t.detach().clone() for n, t in full.items()}
+
+
+class DCPCheckpoints:
+    """The checkpoint methods of a torch-style adapter (capability `checkpoint`), through this
+    module: what FSDP2, FSDP1 and DDP share."""
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        save(model, optimizer, scaler, path)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        load(model, optimizer, scaler, path)
+
+    def full_state_dict(self, model):
+        return full_state_dict(model)

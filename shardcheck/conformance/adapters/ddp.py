@@ -18,7 +18,7 @@ from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupp
 _PREFIX = "module."
 
 
-class DDPAdapter(TorchStyleAdapter):
+class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({"checkpoint", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
@@ -73,12 +73,3 @@ class DDPAdapter(TorchStyleAdapter):
 
     def local_shards(self, model):
         raise Unsupported("DDP does not all-gather parameters")
-
-    def save_checkpoint(self, model, optimizer, scaler, path):
-        dcp.save(model, optimizer, scaler, path)
-
-    def load_checkpoint(self, model, optimizer, scaler, path):
-        dcp.load(model, optimizer, scaler, path)
-
-    def full_state_dict(self, model):
-        return dcp.full_state_dict(model)

@@ -52,7 +52,7 @@ def _set(parent, path, module):
     setattr(parent.get_submodule(".".join(head)) if head else parent, last, module)
 
 
-class TorchFSDP1Adapter(TorchStyleAdapter):
+class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
@@ -96,15 +96,6 @@ class TorchFSDP1Adapter(TorchStyleAdapter):
 
     def no_sync(self, model):
         return model.no_sync()
-
-    def save_checkpoint(self, model, optimizer, scaler, path):
-        dcp.save(model, optimizer, scaler, path)
-
-    def load_checkpoint(self, model, optimizer, scaler, path):
-        dcp.load(model, optimizer, scaler, path)
-
-    def full_state_dict(self, model):
-        return dcp.full_state_dict(model)
 
     def held_grads(self, model):
         """Under no_sync each unit keeps the unsharded sum on its flat parameter's gradient."""

@@ -28,7 +28,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
 
 
-class TorchFSDP2Adapter(TorchStyleAdapter):
+class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     name = "torch-fsdp2"
     version = torch.__version__
     capabilities = TorchStyleAdapter.implied({
@@ -133,12 +133,3 @@ class TorchFSDP2Adapter(TorchStyleAdapter):
     def local_shards(self, model):
         # `p.to_local()` returns a fresh view each call (gh-166156): patching it would be lost.
         return {n: p._local_tensor for n, p in model.named_parameters()}
-
-    def save_checkpoint(self, model, optimizer, scaler, path):
-        dcp.save(model, optimizer, scaler, path)
-
-    def load_checkpoint(self, model, optimizer, scaler, path):
-        dcp.load(model, optimizer, scaler, path)
-
-    def full_state_dict(self, model):
-        return dcp.full_state_dict(model)
