@@ -8,13 +8,13 @@ from shardcheck.conformance.mutants.base import MutantAdapter, replace
 
 
 def _hide_grads(optimizer, which) -> list:
-    """Take off their parameters (``p.grad = None``) the gradients that ``which(grad)`` picks, so
-    that the original ``_unscale_grads_`` does not see them; returns the (param, grad) pairs to put
-    back."""
+    """Take off their parameters (``p.grad = None``) the gradients that ``which(param, grad)``
+    picks, so that the original ``_unscale_grads_`` does not see them; returns the (param, grad)
+    pairs to put back."""
     hidden = []
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.grad is not None and which(p.grad):
+            if p.grad is not None and which(p, p.grad):
                 hidden.append((p, p.grad))
                 p.grad = None
     return hidden
@@ -96,7 +96,7 @@ class ScalerUnscaleSkipsSparse(MutantAdapter):
         original = ShardedGradScaler._unscale_grads_
 
         def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
-            hidden = _hide_grads(optimizer, lambda g: g.is_sparse)
+            hidden = _hide_grads(optimizer, lambda p, g: g.is_sparse)
             try:
                 return original(self, optimizer, inv_scale, found_inf, allow_fp16)
             finally:
@@ -122,7 +122,7 @@ class ScalerSparseNoCoalesce(MutantAdapter):
         original = ShardedGradScaler._unscale_grads_
 
         def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
-            hidden = _hide_grads(optimizer, lambda g: g.is_sparse and g.dtype == torch.float16)
+            hidden = _hide_grads(optimizer, lambda p, g: g.is_sparse and g.dtype == torch.float16)
             for _, g in hidden:
                 values = g._values()
                 values.mul_(inv_scale.to(values.dtype))  # the bug: no coalesce() first
@@ -238,11 +238,9 @@ class ScalerInfCheckSkipsLowPrecision(MutantAdapter):
         original = ShardedGradScaler._unscale_grads_
 
         def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
-            low = [(p, p.grad) for group in optimizer.param_groups for p in group["params"]
-                   if p.grad is not None and p.grad.dtype != p.dtype]
-            for p, g in low:
-                g.mul_(inv_scale.to(g.device))
-                p.grad = None
+            low = _hide_grads(optimizer, lambda p, g: g.dtype != p.dtype)
+            for _, g in low:
+                g.mul_(inv_scale.to(g.device))  # unscaled, never inf-checked
             try:
                 return original(self, optimizer, inv_scale, found_inf, allow_fp16)
             finally:
