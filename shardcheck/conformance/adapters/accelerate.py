@@ -7,6 +7,7 @@ fsdp_version, sharding_strategy | reshard_after_forward, mixed_precision_policy)
 Variants: FSDP1 (default: the model prepared, then the optimizer built over it and prepared, the order
 FSDP1 needs), `joint` (FSDP1, `prepare(model, optimizer)` with the optimizer built first: F28), `fsdp2`
 (`fsdp_version=2`, `reshard_after_forward`; model and optimizer prepared together, as FSDP2 requires),
+Checkpoints: `accelerator.save_state` / `load_state` (SHARDED_STATE_DICT) and `get_state_dict` (export).
 `unshimmed` (FSDP1 as a user builds it on a CPU machine, `Accelerator(cpu=True, ...)`: F27), `config`
 (the user's own config file: accelerate_config.py). On CPU the shim `fsdp_on_cpu` below is needed.
 Units (`spec.unit_modules`) are the plugin's `auto_wrap_policy` (`wrap_for`): for FSDP1 a callable (torch's
@@ -73,6 +74,9 @@ def plugin_for(spec, model, version: int):
             param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, **buffers)
     strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
         {"reshard_after_forward": frontends.STRATEGIES_FSDP2[spec.strategy]}
+    # save_state's format: sharded through DCP, as Accelerate's FSDP guide recommends (FSDP2's default;
+    # FSDP1's default FULL_STATE_DICT offloads to CPU, which fails on a CPU model before torch 2.14: F58)
+    strategy["state_dict_type"] = "SHARDED_STATE_DICT"
     return (FullyShardedDataParallelPlugin(fsdp_version=version, mixed_precision_policy=policy, **strategy,
                                            **wrap_for(spec, model, version)),
             PRECISION.get(mp and mp.param_dtype, "no"))
@@ -127,6 +131,18 @@ class AccelerateTrainer:
         self.optimizer.zero_grad()
         return StepResult(total_norm=total)
 
+    # Capability `checkpoint`: as Accelerate's docs checkpoint (accelerator.save_state / load_state: the
+    # model, optimizer and RNG states; the plugin's state_dict_type decides the format) and export
+    # (accelerator.get_state_dict: the full state dict, on rank 0).
+    def save(self, path):
+        self.accelerator.save_state(str(path))
+
+    def load(self, path):
+        self.accelerator.load_state(str(path))
+
+    def full_state_dict(self):
+        return frontends.from_rank0(self.accelerator.get_state_dict(self.model))
+
     def full_params(self):
         # not accelerator.get_state_dict: for FSDP1 on CPU its FULL_STATE_DICT(offload_to_cpu=True) fails (FINDINGS)
         return frontends.full_params(self.model)
@@ -148,7 +164,7 @@ class AccelerateAdapter:
         self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                                     "mixed_precision_bf16", "mixed_precision_fp16",
                                                     "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
-                                                    "activation_checkpointing", "buffers", "compile"}
+                                                    "activation_checkpointing", "buffers", "compile", "checkpoint"}
                                                    | ({"orig_params"} if variant == "fsdp2" else {"buffer_dtype"}))
 
     def trainer(self, model, spec, recipe):

@@ -21,7 +21,7 @@ _PREFIX = "module."
 class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
-    capabilities = TorchStyleAdapter.implied({"checkpoint", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
+    capabilities = TorchStyleAdapter.implied({"checkpoint", "checkpoint_reshard", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
         "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile"}
 

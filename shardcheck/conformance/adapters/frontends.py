@@ -62,6 +62,15 @@ def unit_class_names(spec, model, who: str) -> list[str]:
     return names
 
 
+def from_rank0(state: dict) -> dict:
+    """Rank 0's copy of a front-end's full state dict (kept on rank 0 alone), on every rank. Collective."""
+    import torch.distributed as dist
+
+    held = [state if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(held, src=0)
+    return {n: t.detach().clone() for n, t in held[0].items()}
+
+
 def is_fsdp1(module: torch.nn.Module) -> bool:
     return any(isinstance(m, FSDP) for m in module.modules())
 

@@ -14,6 +14,7 @@ builds it on CPU: Fabric refuses it, FINDINGS). Units (`spec.unit_modules`): FSD
 `fully_shard` on each unit, then on the root, as Lightning's FSDP2 guide does per layer. Precision:
 "bf16-mixed" / "16-mixed" with float32 gradient reduction. FSDPStrategy needs the CPU shim
 `CpuFSDPStrategy`; ModelParallelStrategy none.
+Checkpoints: `fabric.save` / `fabric.load` (sharded, DCP underneath).
 Not declared: loss scaling (only "16-mixed"'s scaler, never over float32 compute); for ModelParallelStrategy
 NO_SHARD / HYBRID_SHARD (its mesh is (data, tensor) parallel) and fp16 (it refuses "16-mixed").
 """
@@ -25,7 +26,7 @@ import importlib.metadata
 import torch
 import torch.distributed as dist
 
-from shardcheck.conformance.adapters import frontends
+from shardcheck.conformance.adapters import dcp, frontends
 from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
 
 try:
@@ -123,6 +124,18 @@ class LightningTrainer:
     def full_params(self):
         return frontends.full_params(self.model._forward_module)  # the torch FSDP module Fabric wraps
 
+    # Capability `checkpoint`: as Fabric's docs checkpoint, `fabric.save(path, state)` / `fabric.load(path,
+    # state)` with the model and optimizer in `state` (both strategies' default: sharded, through DCP).
+    # Fabric has no in-memory export: the full state dict is read from the torch module it wraps.
+    def save(self, path):
+        self.fabric.save(path, {"model": self.model, "optimizer": self.optimizer})
+
+    def load(self, path):
+        self.fabric.load(path, {"model": self.model, "optimizer": self.optimizer})
+
+    def full_state_dict(self):
+        return dcp.full_state_dict(self.model._forward_module)
+
 
 class LightningAdapter:
     name = "lightning"
@@ -138,7 +151,7 @@ class LightningAdapter:
         fsdp2 = self.variant.startswith("model-parallel")  # its precision plugins refuse "16-mixed"
         self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                        "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward",
-                                       "unused_params", "orig_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile"} | (set() if fsdp2 else
+                                       "unused_params", "orig_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile", "checkpoint"} | (set() if fsdp2 else
                                                                   {"no_shard", "hybrid_shard", "mixed_precision_fp16", "buffer_dtype"}))
 
     def trainer(self, model, spec, recipe):

@@ -23,7 +23,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
-        "meta_init", "checkpoint", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
+        "meta_init", "checkpoint", "checkpoint_reshard", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile", "tensor_parallel",
     })
 

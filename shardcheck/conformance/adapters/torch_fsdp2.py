@@ -34,7 +34,7 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     capabilities = TorchStyleAdapter.implied({
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "per_unit_mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
-        "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint",
+        "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint", "checkpoint_reshard",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile",
     })
 

@@ -11,7 +11,8 @@ FULL_SHARD and SHARD_GRAD_OP -> `fully_shard` (eager autograd keeps the gathered
 to backward; resharding after forward is a graph pass of torchtitan's compiled trainer, numerically
 the same), NO_SHARD -> `replicate`, HYBRID_SHARD -> `hybrid_shard` on the (replicate, shard) mesh.
 Clipping: `torchtitan.distributed.utils.clip_grad_norm_` (any norm type). No loss scaler (none in
-torchtitan), no units (every parameter is its own), none of torch's FSDP APIs.
+torchtitan), no units (every parameter is its own), none of torch's FSDP APIs. Checkpoints: DCP over
+the DTensor state dicts, as torchtitan's CheckpointManager.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import importlib.metadata
 
 import torch
 
+from shardcheck.conformance.adapters import dcp
 from shardcheck.conformance.adapters.dtensors import full_tensors
 from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss, materialize, on_meta
 
@@ -91,6 +93,17 @@ class SimpleFSDPTrainer:
     def full_params(self):
         return {n: t.float() for n, t in full_tensors({n: p.detach() for n, p in self.model.named_parameters()}).items()}
 
+    # Capability `checkpoint`: DCP over the DTensor state dict, as torchtitan's CheckpointManager
+    # saves it (torchtitan/components/checkpoint.py: dcp.save of get_model/optimizer_state_dict).
+    def save(self, path):
+        dcp.save(self.model, self.optimizer, None, str(path))
+
+    def load(self, path):
+        dcp.load(self.model, self.optimizer, None, str(path))
+
+    def full_state_dict(self):
+        return dcp.full_state_dict(self.model)
+
 
 class SimpleFSDPAdapter:
     name = "torchtitan-simplefsdp"
@@ -98,7 +111,8 @@ class SimpleFSDPAdapter:
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_1",
                               "clip_norm_2", "clip_norm_inf", "mixed_precision_bf16", "mixed_precision_fp16",
                               "grad_accumulation", "eval_forward", "unused_params", "meta_init",
-                              "activation_checkpointing", "buffers", "compile"})
+                              "activation_checkpointing", "buffers", "compile", "checkpoint",
+                              "checkpoint_reshard"})
 
     def trainer(self, model, spec, recipe):
         if len(spec.strategies) > 1 or spec.offload:

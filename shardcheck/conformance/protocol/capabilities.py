@@ -47,8 +47,10 @@ BEHAVIOUR = {
                "as the eager one",
     "buffers": "module buffers (BatchNorm running statistics, non-persistent buffers) kept as DDP keeps them: "
                "broadcast from rank 0 before forward (DDP's broadcast_buffers)",
-    "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume, reshard at another "
-                  "world size) and Trainer.full_state_dict() (the consolidated, unsharded state dict)",
+    "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume at the same world size) "
+                  "and Trainer.full_state_dict() (the consolidated, unsharded state dict)",
+    "checkpoint_reshard": "a checkpoint saved by a trainer on some ranks loads into one on more or fewer ranks "
+                          "(a sub-group of the launch, its own device mesh) and training continues",
 }
 
 API = {

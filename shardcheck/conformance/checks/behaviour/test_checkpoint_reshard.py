@@ -22,7 +22,7 @@ W = WORKLOADS["uneven_mlp"]
 
 
 @distributed(world_size=4)
-@pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"]), "clip_norm_2", "checkpoint"})
+@pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"]), "clip_norm_2", "checkpoint", "checkpoint_reshard"})
 @pytest.mark.parametrize("save_world_size,load_world_size", [(4, 2), (2, 4)], ids=["4to2", "2to4"])
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
 def test_reshard(ctx, impl, strategy, save_world_size, load_world_size, tmp_path):
