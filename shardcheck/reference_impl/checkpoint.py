@@ -5,7 +5,7 @@ The format (one directory)::
     rank-<r>.pt   what data-parallel rank r holds: for every parameter its rows [start, end) of the
                   full tensor, the optimizer state of those rows, and the model's buffers
     meta.json     written last, by rank 0: format and version, world size, every parameter's full
-                  shape and dtype, every unit's strategy, each rank file's size in bytes, the
+                  shape and dtype, every unit's strategy, each rank file's size and SHA-256, the
                   optimizer's hyper-parameters and the grad scaler's state (scale, growth tracker)
 
 Loading at world size ``W'`` rebuilds each full tensor ``full[start:end] = piece`` from the pieces of
@@ -14,11 +14,13 @@ rank's rows under the new layout, ``torch.chunk(full, W')[r]``. An optimizer sta
 its parameter's shard is sharded by rows like it; any other (Adam's ``step``) is the same on every
 rank and taken from rank 0's file. Every rank reads every file (checkpoints of this implementation
 are small), so every rank finds the same problem and raises the same error before any collective:
-a missing ``meta.json`` or rank file, a file whose size differs from the one recorded (truncated),
-one that does not unpickle, a parameter whose name or shape differs from the model's.
+a missing ``meta.json`` or rank file, a file whose size (truncated) or SHA-256 (altered in place:
+torch.load does not check its zip records' CRC) differs from the one recorded, one that does not
+unpickle, a parameter whose name or shape differs from the model's.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -30,7 +32,7 @@ import torch.nn as nn
 from . import collectives as C
 from .sharding import unit_of, units
 
-FORMAT, VERSION = "reference_impl-checkpoint", 1
+FORMAT, VERSION = "reference_impl-checkpoint", 2
 META = "meta.json"
 
 
@@ -76,20 +78,25 @@ def save(path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler=None) 
     payload = {"params": pieces, "buffers": {n: b.detach().cpu().clone() for n, b in model.named_buffers()}}
     torch.save(payload, path / rank_file(rank))
     sizes = [None] * world
-    dist.all_gather_object(sizes, os.path.getsize(path / rank_file(rank)), group=group)
+    dist.all_gather_object(sizes, (os.path.getsize(path / rank_file(rank)), sha256(path / rank_file(rank))), group=group)
     if rank == 0:
         meta = {
             "format": FORMAT, "version": VERSION, "world_size": world,
             "params": {n: {"shape": list(sp.slot.shape), "dtype": str(sp.shard.dtype).removeprefix("torch.")}
                        for n, (_, sp) in shards.items()},
             "strategies": {path: unit_of(m).strategy.name for path, m in model.named_modules() if unit_of(m)},
-            "files": {rank_file(r): size for r, size in enumerate(sizes)},
+            "files": {rank_file(r): size for r, (size, _) in enumerate(sizes)},
+            "sha256": {rank_file(r): digest for r, (_, digest) in enumerate(sizes)},
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
             "scaler": None if scaler is None else scaler.state_dict(),
         }
         (path / (META + ".tmp")).write_text(json.dumps(meta, indent=1, default=str))
         os.replace(path / (META + ".tmp"), path / META)
     dist.barrier(group=group)
+
+
+def sha256(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def read_meta(path: Path) -> dict:
@@ -127,6 +134,9 @@ def read_rank_files(path: Path, meta: dict) -> list[dict]:
         if os.path.getsize(file) != size:
             raise CheckpointError(f"{file} is truncated or altered: {os.path.getsize(file)} bytes, "
                                   f"{size} when saved")
+        if sha256(file) != meta["sha256"][name]:
+            raise CheckpointError(f"{file} is corrupt: its SHA-256 differs from the one recorded when saved "
+                                  "(altered in place)")
         try:
             out.append(torch.load(file, map_location="cpu", weights_only=True))
         except Exception as exc:

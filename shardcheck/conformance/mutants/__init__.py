@@ -95,6 +95,8 @@ mutant-ckpt-export-local-shard        full_state_dict returns the local shards  
   (CheckpointExportLocalShard)
 mutant-ckpt-load-unchecked            load does not validate files and shapes (errors name nothing)                       test_checkpoint.py::test_bad_input
   (CheckpointLoadUnchecked)
+mutant-ckpt-digest-unchecked          load checks file sizes, not digests; exactly the cells [*-flipped]                  test_checkpoint.py::test_bad_input
+  (CheckpointDigestUnchecked)
 mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)  test_sharding.py::test_sharding
   (ReplicatesDeclaresFullShard)
                                                                                                                           test_sharding.py::test_sharding_hybrid
@@ -163,6 +165,7 @@ mutant-scaler-inf-skips-low-grads     inf check skips gradients kept below their
 from shardcheck.conformance.mutants.base import MutantAdapter, applied
 from shardcheck.conformance.mutants.checkpoint import (
     CheckpointExportLocalShard,
+    CheckpointDigestUnchecked,
     CheckpointLoadUnchecked,
     CheckpointOptimStateNotResharded,
     CheckpointScalerNotRestored,
@@ -281,6 +284,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CheckpointOptimStateNotResharded,
     CheckpointExportLocalShard,
     CheckpointLoadUnchecked,
+    CheckpointDigestUnchecked,
     ReplicatesDeclaresFullShard,
     NoReshardAfterForward,
     UnshardedOptimizerState,

@@ -97,3 +97,18 @@ class CheckpointLoadUnchecked(MutantAdapter):
         replace(checkpoint, "check_fits", lambda path, meta, shards: None)
         replace(checkpoint, "read_rank_files", lambda path, meta: [
             torch.load(path / name, map_location="cpu", weights_only=True) for name in meta["files"]])
+
+
+class CheckpointDigestUnchecked(MutantAdapter):
+    """Load checks each rank file's size but not its SHA-256: bytes altered in place at the same size
+    load silently, as torch.load does not check its zip records' CRC (what DCP does: F60)."""
+
+    name = "mutant-ckpt-digest-unchecked"
+    bug = "load checks file sizes, not digests (bytes flipped in place load silently)"
+    checks = ("test_checkpoint.py::test_bad_input",)
+    cells = ("test_bad_input[*-flipped]",)
+
+    def patch(self) -> None:
+        from shardcheck.reference_impl import checkpoint
+
+        replace(checkpoint, "sha256", lambda file: "not computed")

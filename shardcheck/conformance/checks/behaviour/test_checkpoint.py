@@ -17,8 +17,10 @@ import os
 import pytest
 import torch
 import torch.nn as nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from shardcheck.conformance.checks.support.checkpoint import (
+    flip_bytes,
     largest_file,
     listing,
     train_across_checkpoint,
@@ -33,6 +35,9 @@ from shardcheck.conformance.protocol.capabilities import of_strategy
 from shardcheck.harness import distributed
 
 W = WORKLOADS["uneven_mlp"]
+# What a resuming user's `except` catches: any Exception, and DCP's CheckpointException, which derives
+# from BaseException (F32). Not pytest's Skipped / Failed, SystemExit or KeyboardInterrupt.
+CATCHABLE = (Exception, CheckpointException)
 ADAM = Recipe(loss_fn=W.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(1.0, 2.0))
 
 
@@ -104,9 +109,9 @@ RESHAPED = ("body.0.weight", "body.0.bias", "body.2.weight")
 
 def damage_checkpoint(path, damage: str) -> str:
     """Damage the saved checkpoint; return what the load's error must name."""
-    if damage == "truncated":
+    if damage in ("truncated", "flipped"):
         victim = largest_file(path)
-        truncate(victim)
+        (truncate if damage == "truncated" else flip_bytes)(victim)
         return victim.name
     if damage == "missing_shard":
         victim = largest_file(path)
@@ -117,11 +122,13 @@ def damage_checkpoint(path, damage: str) -> str:
 
 @distributed(world_size=2)
 @pytest.mark.requires("full_shard", "checkpoint")
-@pytest.mark.parametrize("damage", ["truncated", "missing_shard", "other_shape"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "missing_shard", "other_shape"])
 def test_bad_input(ctx, impl, damage, tmp_path):
-    """A damaged checkpoint, or one of a model with other shapes, must make `load` raise on every rank
-    an error naming what is wrong (the damaged file; a parameter whose shape differs), and the load
-    must write nothing outside the checkpoint's directory."""
+    """A damaged checkpoint (its largest data file cut in half, or with bytes flipped in place at the
+    same size, or missing), or one of a model with other shapes, must make `load` raise on every rank
+    an error naming what is wrong (the damaged file; a parameter whose shape differs), of a type users
+    catch (an Exception, or DCP's CheckpointException), and the load must write nothing outside the
+    checkpoint's directory."""
     path = tmp_path / "ckpt"
     with ctx.seeded(0):
         model = W.build().to(ctx.device)
@@ -144,7 +151,7 @@ def test_bad_input(ctx, impl, damage, tmp_path):
     trainer = impl.trainer(fresh, ShardSpec(units=W.units, mesh=ctx.mesh()), recipe)
     outside = (listing(tmp_path), listing(os.getcwd()))
     try:
-        with pytest.raises(BaseException) as raised:  # DCP's CheckpointException is a BaseException
+        with pytest.raises(CATCHABLE) as raised:
             trainer.load(path)
     finally:
         if hasattr(trainer, "close"):
@@ -152,6 +159,6 @@ def test_bad_input(ctx, impl, damage, tmp_path):
     message = str(raised.value)
     wanted = RESHAPED if damage == "other_shape" else (named,)
     assert any(w in message for w in wanted), (
-        f"load of a checkpoint ({damage}) raised {type(raised.value).__name__}: {message[:400]!r}, which "
-        f"names none of {list(wanted)}")
+        f"load of a checkpoint ({damage}) raised {type(raised.value).__name__}: {message[:300]!r} ... "
+        f"{(message.strip().splitlines() or [''])[-1][:200]!r}, which names none of {list(wanted)}")
     assert (listing(tmp_path), listing(os.getcwd())) == outside, "load wrote outside the checkpoint's directory"

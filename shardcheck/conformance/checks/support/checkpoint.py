@@ -138,12 +138,29 @@ def files_under(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def is_binary(file: Path) -> bool:
+    """A NUL byte in the first 8 KiB: shards and indexes are binary; the scripts and tag files some
+    engines write beside them (DeepSpeed's zero_to_fp32.py, `latest`) are text."""
+    with open(file, "rb") as f:
+        return b"\0" in f.read(8192)
+
+
 def largest_file(root: Path) -> Path:
-    """The checkpoint's largest file: a data (shard) file in any format, never a small index."""
-    sizes = files_under(root)
+    """The checkpoint's largest binary file: a data (shard) file in any format, never a small index or
+    a script saved beside the checkpoint."""
+    sizes = {name: size for name, size in files_under(root).items() if is_binary(root / name)}
     if not sizes:
-        raise AssertionError(f"the trainer's save wrote no file under {root}")
+        raise AssertionError(f"the trainer's save wrote no binary file under {root}")
     return root / max(sizes, key=lambda name: (sizes[name], name))
+
+
+def flip_bytes(file: Path, count: int = 4) -> None:
+    """Invert `count` bytes in the middle of `file`, keeping its size (a bit rot, a bad copy)."""
+    data = bytearray(file.read_bytes())
+    middle = len(data) // 2
+    for i in range(max(0, middle - count // 2), min(len(data), middle + count // 2)):
+        data[i] ^= 0xFF
+    file.write_bytes(bytes(data))
 
 
 def truncate(file: Path) -> None:
