@@ -15,8 +15,10 @@ builds it on CPU: Fabric refuses it, FINDINGS). Units (`spec.unit_modules`): FSD
 "bf16-mixed" / "16-mixed" with float32 gradient reduction. FSDPStrategy needs the CPU shim
 `CpuFSDPStrategy`; ModelParallelStrategy none.
 Checkpoints: `fabric.save` / `fabric.load` (sharded, DCP underneath).
+ModelParallelStrategy's NO_SHARD and HYBRID_SHARD: the parallelize_fn shards over the (world, 1) or the
+(replicate, shard) mesh a user builds for HSDP (Lightning's own mesh is (data, tensor) parallel).
 Not declared: loss scaling (only "16-mixed"'s scaler, never over float32 compute); for ModelParallelStrategy
-NO_SHARD / HYBRID_SHARD (its mesh is (data, tensor) parallel) and fp16 (it refuses "16-mixed").
+fp16 (it refuses "16-mixed").
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from shardcheck.conformance.adapters import dcp, frontends
+from shardcheck.conformance.adapters.torch_fsdp2 import strategy_mesh
 from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
 
 try:
@@ -60,8 +63,11 @@ def strategy_for(variant, spec, model):
         policy = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype) if mp else MixedPrecisionPolicy()
 
         def parallelize(model, mesh):  # the user's parallelize_fn: fully_shard over the data-parallel mesh
-            kwargs = dict(mesh=mesh["data_parallel"], mp_policy=policy,
-                          reshard_after_forward=frontends.STRATEGIES_FSDP2[spec.strategy])
+            # (FULL_SHARD, SHARD_GRAD_OP), or over the mesh the user builds for HSDP: the spec's 2-D
+            # (replicate, shard) mesh for HYBRID_SHARD, a (world, 1) one for NO_SHARD, as torch-fsdp2
+            dp = mesh["data_parallel"] if spec.strategy in frontends.STRATEGIES_FSDP2 else \
+                strategy_mesh(spec.mesh, spec.strategy)
+            kwargs = dict(mesh=dp, mp_policy=policy, reshard_after_forward=spec.strategy != "SHARD_GRAD_OP")
             for _, unit in spec.unit_modules(model):  # each unit (deepest first), then the root
                 fully_shard(unit, **kwargs)
             fully_shard(model, **kwargs)
@@ -151,8 +157,8 @@ class LightningAdapter:
         fsdp2 = self.variant.startswith("model-parallel")  # its precision plugins refuse "16-mixed"
         self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                        "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward",
-                                       "unused_params", "orig_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile", "checkpoint"} | (set() if fsdp2 else
-                                                                  {"no_shard", "hybrid_shard", "mixed_precision_fp16", "buffer_dtype"}))
+                                       "unused_params", "orig_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile", "checkpoint", "no_shard",
+                                       "hybrid_shard"} | (set() if fsdp2 else {"mixed_precision_fp16", "buffer_dtype"}))
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Lightning", spec)

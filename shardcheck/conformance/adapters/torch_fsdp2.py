@@ -28,6 +28,28 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
 
 
+# NO_SHARD meshes made in this process, by the data-parallel mesh they replicate over. Module state,
+# not the adapter's: a mesh holds its groups and a tensor, which pickling the adapter to a rank
+# process would send through shared memory (file descriptors the harness's leak check fails).
+_NO_SHARD_MESHES: dict[int, tuple[DeviceMesh, DeviceMesh]] = {}
+
+
+def strategy_mesh(mesh: DeviceMesh, strategy: str) -> DeviceMesh:
+    """The mesh `fully_shard` takes for `strategy` over the data-parallel `mesh`: the mesh itself for
+    FULL_SHARD / SHARD_GRAD_OP, the 2-D (replicate, shard) mesh for HYBRID_SHARD, and for NO_SHARD the
+    (world, 1) mesh: shard groups of one rank, replicas across (DDP semantics)."""
+    if strategy == "HYBRID_SHARD":
+        if mesh.ndim != 2:
+            raise ValueError("HYBRID_SHARD needs a 2-D (replicate, shard) mesh")
+        return mesh
+    if strategy == "NO_SHARD":
+        if id(mesh) not in _NO_SHARD_MESHES:  # the data-parallel mesh is kept alive with it: ids stay unique
+            _NO_SHARD_MESHES[id(mesh)] = (mesh, DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, 1),
+                                                            mesh_dim_names=("replicate", "shard")))
+        return _NO_SHARD_MESHES[id(mesh)][1]
+    return mesh
+
+
 class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     name = "torch-fsdp2"
     version = torch.__version__
@@ -38,25 +60,9 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile",
     })
 
-    def __getstate__(self) -> dict:
-        """Without the NO_SHARD meshes made so far: they hold this process's groups and a tensor, which
-        pickling to a rank process would send through shared memory (file descriptors the rank then
-        holds: the harness's leak check fails the cell that received them)."""
-        return {k: v for k, v in self.__dict__.items() if k != "_meshes"}
-
     def _mesh(self, spec: ShardSpec, strategy: str):
         mesh = spec.dp_mesh if spec.mesh is not None else init_device_mesh(spec.device.type, (torch.distributed.get_world_size(),))
-        if strategy == "HYBRID_SHARD":
-            if mesh.ndim != 2:
-                raise ValueError("HYBRID_SHARD needs a 2-D (replicate, shard) mesh")
-            return mesh
-        if strategy == "NO_SHARD":
-            key = ("no_shard", id(mesh))
-            if key not in self.__dict__.setdefault("_meshes", {}):
-                self._meshes[key] = DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, 1),
-                                               mesh_dim_names=("replicate", "shard"))
-            return self._meshes[key]
-        return mesh
+        return strategy_mesh(mesh, strategy)
 
     def shard(self, model, spec: ShardSpec):
         def policy(path):
