@@ -14,8 +14,9 @@ Units (`spec.unit_modules`) are the plugin's `auto_wrap_policy` (`wrap_for`): fo
 `lambda_auto_wrap_policy` over the units); for FSDP2 `"transformer_based_wrap"` with the units' class
 names, the only forms its `prepare` honours (a callable is dropped, silently: FINDINGS F38), so units
 no set of classes picks out alone are unsupported there.
-Not declared: loss scaling (Accelerate scales only fp16 on an accelerator device), HYBRID_SHARD (a
-`ParallelismConfig` device mesh).
+HYBRID_SHARD for FSDP2: `Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size, dp_shard_size))`.
+Not declared: loss scaling (Accelerate scales only fp16 on an accelerator device), NO_SHARD for FSDP2
+(Accelerate runs pure data parallelism as DDP), HYBRID_SHARD for FSDP1 (no device mesh reaches it).
 """
 
 from __future__ import annotations
@@ -40,15 +41,21 @@ from shardcheck.conformance.adapters import accelerate_config  # noqa: E402 (nee
 PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def fsdp_on_cpu(accelerator, plugin) -> None:
+def fsdp_on_cpu(accelerator, plugin, parallelism=None) -> None:
     """The CPU shim: what accelerate/state.py does for an accelerator device (MULTI_GPU & co), done for
-    MULTI_CPU, where it keeps the plugin out and `prepare` wraps in DDP instead (FINDINGS)."""
+    MULTI_CPU, where it keeps the plugin out and `prepare` wraps in DDP instead (FINDINGS). A
+    ParallelismConfig is applied here, as Accelerator.__init__ does, once the state is FSDP (its check
+    refuses MULTI_CPU)."""
     for state in (PartialState(), accelerator.state):  # AcceleratorState() re-copies PartialState's dict
         state.distributed_type = DistributedType.FSDP  # state.py sets it only for an accelerator device
         state.device = torch.device("cpu")  # MULTI_CPU's is cpu:<local rank>; FSDP1 refuses device_id != 'cpu'
     accelerator.state.fsdp_plugin = plugin  # state.py keeps it only for an accelerator device
     if accelerator.state.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.state.mixed_precision)  # ditto (keeps a policy already set)
+    if parallelism is not None:
+        accelerator.state.parallelism_config = parallelism
+        accelerator.state.device_mesh = parallelism.get_device_mesh("cpu")
+        parallelism._validate_accelerator(accelerator)
 
 
 def wrap_for(spec, model, version: int) -> dict:
@@ -73,7 +80,7 @@ def plugin_for(spec, model, version: int):
         policy = (MixedPrecision if version == 1 else MixedPrecisionPolicy)(
             param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, **buffers)
     strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
-        {"reshard_after_forward": frontends.STRATEGIES_FSDP2[spec.strategy]}
+        {"reshard_after_forward": spec.strategy != "SHARD_GRAD_OP"}
     # save_state's format: sharded through DCP, as Accelerate's FSDP guide recommends (FSDP2's default;
     # FSDP1's default FULL_STATE_DICT offloads to CPU, which fails on a CPU model before torch 2.14: F58)
     strategy["state_dict_type"] = "SHARDED_STATE_DICT"
@@ -82,8 +89,19 @@ def plugin_for(spec, model, version: int):
             PRECISION.get(mp and mp.param_dtype, "no"))
 
 
+def parallelism_for(spec):
+    """HSDP as Accelerate's docs give it for FSDP2: a ParallelismConfig of (dp_replicate, dp_shard) sizes,
+    from which the Accelerator builds its device mesh; None for the 1-D strategies."""
+    if spec.strategy != "HYBRID_SHARD":
+        return None
+    from accelerate import ParallelismConfig
+
+    replicate, shard = spec.mesh.shape
+    return ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard)
+
+
 class AccelerateTrainer:
-    def __init__(self, model, recipe, plugin, mixed_precision, shim, joint):
+    def __init__(self, model, recipe, plugin, mixed_precision, shim, joint, parallelism=None):
         AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's state is a process-wide singleton
         self.holders = ParameterHolders(model)  # before the front-end wraps it (set_requires_grad)
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))  # else MULTI_CPU resets threads
@@ -92,9 +110,11 @@ class AccelerateTrainer:
             accumulation["gradient_accumulation_plugin"] = GradientAccumulationPlugin(
                 num_steps=recipe.accumulation_steps, adjust_scheduler=False, sync_with_dataloader=False,
                 sync_each_batch=recipe.sync_each_micro_batch)
+        if parallelism is not None and not shim:
+            accumulation["parallelism_config"] = parallelism
         self.accelerator = Accelerator(cpu=True, fsdp_plugin=plugin, mixed_precision=mixed_precision, **accumulation)
         if shim:
-            fsdp_on_cpu(self.accelerator, plugin)
+            fsdp_on_cpu(self.accelerator, plugin, parallelism)
         if joint:  # the optimizer built over the unsharded model, both prepared together
             self.model, self.optimizer = self.accelerator.prepare(model, recipe.optimizer.build(model.parameters()))
         else:  # FSDP1's recommended order: prepare the model, then build the optimizer over it and prepare that
@@ -160,7 +180,7 @@ class AccelerateAdapter:
     def __init__(self, variant: str | None = None) -> None:
         self.variant = variant
         self.name = f"accelerate[{variant}]" if variant else "accelerate"
-        strategies = {"full_shard", "shard_grad_op"} | ({"no_shard"} if variant != "fsdp2" else set())  # config: per cell
+        strategies = {"full_shard", "shard_grad_op"} | ({"no_shard"} if variant != "fsdp2" else {"hybrid_shard"})  # config: per cell
         self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                                     "mixed_precision_bf16", "mixed_precision_fp16",
                                                     "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
@@ -183,4 +203,5 @@ class AccelerateAdapter:
         else:
             plugin, mixed_precision = plugin_for(spec, model, 2 if self.variant == "fsdp2" else 1)
         return AccelerateTrainer(model, recipe, plugin, mixed_precision, shim=self.variant != "unshimmed",
-                                 joint=plugin.fsdp_version == 2 or self.variant == "joint")
+                                 joint=plugin.fsdp_version == 2 or self.variant == "joint",
+                                 parallelism=parallelism_for(spec) if plugin.fsdp_version == 2 else None)
