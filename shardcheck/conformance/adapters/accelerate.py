@@ -70,17 +70,21 @@ def wrap_for(spec, model, version: int) -> dict:
                 spec, model, "Accelerate's FSDP2 (a callable auto_wrap_policy is ignored: F38)")}
 
 
-def plugin_for(spec, model, version: int):
+def plugin_for(spec, model, recipe, version: int):
     """The plugin and mixed_precision a user writes for `spec`: strategy, units, compute, reduce and
-    (FSDP1) buffer dtypes."""
+    (FSDP1) buffer dtypes and low-precision gradients; for FSDP1 `use_orig_params=True` where the
+    recipe freezes parameters, as Accelerate's docs ask for fine-tuning with frozen layers (FSDP1
+    refuses mixed requires_grad in a flat parameter), its flat parameters otherwise."""
     mp, policy = spec.mixed_precision, None
     if mp is not None:
         from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
-        buffers = {"buffer_dtype": mp.buffer_dtype} if version == 1 else {}  # FSDP1's MixedPrecision has one
+        fsdp1 = {"buffer_dtype": mp.buffer_dtype, "keep_low_precision_grads": mp.keep_low_precision_grads}
         policy = (MixedPrecision if version == 1 else MixedPrecisionPolicy)(
-            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, **buffers)
+            param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, **(fsdp1 if version == 1 else {}))
     strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
         {"reshard_after_forward": spec.strategy != "SHARD_GRAD_OP"}
+    if version == 1 and (recipe.frozen or recipe.requires_grad_at):
+        strategy["use_orig_params"] = True
     # save_state's format: sharded through DCP, as Accelerate's FSDP guide recommends (FSDP2's default;
     # FSDP1's default FULL_STATE_DICT offloads to CPU, which fails on a CPU model before torch 2.14: F58)
     strategy["state_dict_type"] = "SHARDED_STATE_DICT"
@@ -185,13 +189,16 @@ class AccelerateAdapter:
                                                     "mixed_precision_bf16", "mixed_precision_fp16",
                                                     "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
                                                     "activation_checkpointing", "buffers", "compile", "checkpoint"}
-                                                   | ({"orig_params"} if variant == "fsdp2" else {"buffer_dtype"}))
+                                                   | ({"orig_params"} if variant in ("fsdp2", None) else set())
+                                                   | ({"buffer_dtype", "keep_low_precision_grads", "mixed_precision"} if variant != "fsdp2" else set()))
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Accelerate", spec)
         mp = spec.mixed_precision
-        if len(spec.strategies) > 1 or spec.offload or (mp and mp.keep_low_precision_grads):
-            raise Unsupported("one sharding strategy per Accelerator; no offload or low-precision grads")
+        if len(spec.strategies) > 1 or spec.offload:
+            raise Unsupported("one sharding strategy per Accelerator; no offload")
+        if mp and mp.keep_low_precision_grads and "keep_low_precision_grads" not in self.capabilities:
+            raise Unsupported("FSDP2's MixedPrecisionPolicy has no keep_low_precision_grads")
         if mp and mp.buffer_dtype and "buffer_dtype" not in self.capabilities:
             raise Unsupported("FSDP2's MixedPrecisionPolicy has no buffer_dtype")
         if self.variant == "config":  # the user's own config file (accelerate_config.py)
@@ -201,7 +208,7 @@ class AccelerateAdapter:
                 kwargs.update(wrap_for(spec, model, int(kwargs.get("fsdp_version", 1))))
             plugin = FullyShardedDataParallelPlugin(**kwargs)
         else:
-            plugin, mixed_precision = plugin_for(spec, model, 2 if self.variant == "fsdp2" else 1)
+            plugin, mixed_precision = plugin_for(spec, model, recipe, 2 if self.variant == "fsdp2" else 1)
         return AccelerateTrainer(model, recipe, plugin, mixed_precision, shim=self.variant != "unshimmed",
                                  joint=plugin.fsdp_version == 2 or self.variant == "joint",
                                  parallelism=parallelism_for(spec) if plugin.fsdp_version == 2 else None)

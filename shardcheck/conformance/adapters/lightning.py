@@ -79,7 +79,8 @@ def strategy_for(variant, spec, model):
     return (FSDPStrategy if variant == "unshimmed" else CpuFSDPStrategy)(
         sharding_strategy=spec.strategy, **kwargs, auto_wrap_policy=frontends.wrap_policy(spec, model),
         mixed_precision=MixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
-                                       buffer_dtype=mp.buffer_dtype) if mp else None)
+                                       buffer_dtype=mp.buffer_dtype,
+                                       keep_low_precision_grads=mp.keep_low_precision_grads) if mp else None)
 
 
 class LightningTrainer:
@@ -158,13 +159,16 @@ class LightningAdapter:
         self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                        "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward",
                                        "unused_params", "orig_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile", "checkpoint", "no_shard",
-                                       "hybrid_shard"} | (set() if fsdp2 else {"mixed_precision_fp16", "buffer_dtype"}))
+                                       "hybrid_shard"} | (set() if fsdp2 else {"mixed_precision_fp16", "buffer_dtype",
+                                                                           "keep_low_precision_grads", "mixed_precision"}))
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Lightning", spec)
         mp = spec.mixed_precision
-        if len(spec.strategies) > 1 or spec.offload or (mp and mp.keep_low_precision_grads):
-            raise Unsupported("one sharding strategy per Fabric; no offload or low-precision grads")
+        if len(spec.strategies) > 1 or spec.offload:
+            raise Unsupported("one sharding strategy per Fabric; no offload")
+        if mp and mp.keep_low_precision_grads and "keep_low_precision_grads" not in self.capabilities:
+            raise Unsupported("FSDP2's MixedPrecisionPolicy has no keep_low_precision_grads")
         if mp and mp.buffer_dtype and "buffer_dtype" not in self.capabilities:
             raise Unsupported("FSDP2's MixedPrecisionPolicy has no buffer_dtype")
         return LightningTrainer(model, spec, recipe, self.variant)
