@@ -190,6 +190,7 @@ class AccelerateAdapter:
                                                     "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
                                                     "activation_checkpointing", "buffers", "compile", "checkpoint"}
                                                    | ({"orig_params"} if variant in ("fsdp2", None) else set())
+                                                   | ({"meta_init"} if variant is None else set())
                                                    | ({"buffer_dtype", "keep_low_precision_grads", "mixed_precision"} if variant != "fsdp2" else set()))
 
     def trainer(self, model, spec, recipe):

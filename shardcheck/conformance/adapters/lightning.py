@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from shardcheck.conformance.adapters import dcp, frontends
 from shardcheck.conformance.adapters.torch_fsdp2 import strategy_mesh
-from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
+from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss, on_meta
 
 try:
     from lightning.fabric import Fabric
@@ -92,7 +92,9 @@ class LightningTrainer:
         self.fabric.launch()
         self.recipe = recipe
         self.holders = ParameterHolders(model)  # before the front-end wraps it (set_requires_grad)
-        if variant in ("default", "model-parallel-joint"):
+        # A model built on meta (capability meta_init) is set up first and its optimizer after, as Fabric
+        # demands ("set up the model and optimizer(s) separately") and its init_module docs show.
+        if variant == "model-parallel-joint" or (variant == "default" and not on_meta(model)):
             self.model, self.optimizer = self.fabric.setup(model, recipe.optimizer.build(model.parameters()))
         else:
             self.model = self.fabric.setup_module(model)
@@ -159,7 +161,7 @@ class LightningAdapter:
         self.capabilities = frozenset({"full_shard", "shard_grad_op", "clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                        "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward",
                                        "unused_params", "orig_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile", "checkpoint", "no_shard",
-                                       "hybrid_shard"} | (set() if fsdp2 else {"mixed_precision_fp16", "buffer_dtype",
+                                       "hybrid_shard"} | (set() if self.variant == "model-parallel-joint" else {"meta_init"}) | (set() if fsdp2 else {"mixed_precision_fp16", "buffer_dtype",
                                                                            "keep_low_precision_grads", "mixed_precision"}))
 
     def trainer(self, model, spec, recipe):
