@@ -14,9 +14,10 @@ Units (`spec.unit_modules`) are the plugin's `auto_wrap_policy` (`wrap_for`): fo
 `lambda_auto_wrap_policy` over the units); for FSDP2 `"transformer_based_wrap"` with the units' class
 names, the only forms its `prepare` honours (a callable is dropped, silently: FINDINGS F38), so units
 no set of classes picks out alone are unsupported there.
-HYBRID_SHARD for FSDP2: `Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size, dp_shard_size))`.
+HYBRID_SHARD for FSDP2: `Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size, dp_shard_size))`;
+for FSDP1 the plugin's sharding_strategy alone (no mesh reaches FSDP1: F62).
 Not declared: loss scaling (Accelerate scales only fp16 on an accelerator device), NO_SHARD for FSDP2
-(Accelerate runs pure data parallelism as DDP), HYBRID_SHARD for FSDP1 (no device mesh reaches it).
+(Accelerate runs pure data parallelism as DDP).
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ class AccelerateAdapter:
     def __init__(self, variant: str | None = None) -> None:
         self.variant = variant
         self.name = f"accelerate[{variant}]" if variant else "accelerate"
-        strategies = {"full_shard", "shard_grad_op"} | ({"no_shard"} if variant != "fsdp2" else {"hybrid_shard"})  # config: per cell
+        strategies = {"full_shard", "shard_grad_op", "hybrid_shard"} | ({"no_shard"} if variant != "fsdp2" else set())  # config: per cell
         self.capabilities = frozenset(strategies | {"clip_norm_1", "clip_norm_2", "clip_norm_inf",
                                                     "mixed_precision_bf16", "mixed_precision_fp16",
                                                     "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
