@@ -86,6 +86,9 @@ def plugin_for(spec, model, recipe, version: int):
         {"reshard_after_forward": spec.strategy != "SHARD_GRAD_OP"}
     if version == 1 and (recipe.frozen or recipe.requires_grad_at):
         strategy["use_orig_params"] = True
+    if spec.offload:  # FSDP2 takes the policy object; pinned memory needs an accelerator
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        strategy["cpu_offload"] = CPUOffloadPolicy(pin_memory=False)
     # save_state's format: sharded through DCP, as Accelerate's FSDP guide recommends (FSDP2's default;
     # FSDP1's default FULL_STATE_DICT offloads to CPU, which fails on a CPU model before torch 2.14: F58)
     strategy["state_dict_type"] = "SHARDED_STATE_DICT"
@@ -192,13 +195,16 @@ class AccelerateAdapter:
                                                     "activation_checkpointing", "buffers", "compile", "checkpoint"}
                                                    | ({"orig_params"} if variant in ("fsdp2", None) else set())
                                                    | ({"meta_init"} if variant is None else set())
+                                                   | ({"cpu_offload"} if variant == "fsdp2" else set())
                                                    | ({"buffer_dtype", "keep_low_precision_grads", "mixed_precision"} if variant != "fsdp2" else set()))
 
     def trainer(self, model, spec, recipe):
         frontends.require_processes("Accelerate", spec)
         mp = spec.mixed_precision
-        if len(spec.strategies) > 1 or spec.offload:
-            raise Unsupported("one sharding strategy per Accelerator; no offload")
+        if len(spec.strategies) > 1:
+            raise Unsupported("one sharding strategy per Accelerator")
+        if spec.offload and "cpu_offload" not in self.capabilities:
+            raise Unsupported("FSDP1's CPUOffload pins memory: F2")
         if mp and mp.keep_low_precision_grads and "keep_low_precision_grads" not in self.capabilities:
             raise Unsupported("FSDP2's MixedPrecisionPolicy has no keep_low_precision_grads")
         if mp and mp.buffer_dtype and "buffer_dtype" not in self.capabilities:
