@@ -188,19 +188,40 @@ def load(path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler=None) 
         restore_scaler(scaler, meta["scaler"])
 
 
-def load_optimizer_state(optimizer, name: str, unit, sp, pieces: list) -> None:
-    """Set ``optimizer.state[shard]``: row-sharded tensors reassembled and re-cut, the rest from rank 0."""
+def row_sharded(value, sp) -> bool:
+    """Whether an optimizer state value is cut by rows like its parameter (Adam's moments; not its step)."""
+    return torch.is_tensor(value) and value.dim() > 0 and value.shape[1:] == sp.slot.shape[1:]
+
+
+def full_optimizer_entry(name: str, sp, pieces: list) -> dict:
+    """The full optimizer state of one parameter from every rank's (rows, state): row-sharded tensors
+    reassembled, the rest from the first rank holding state ({} where none does)."""
     states = [(rows, state) for rows, state in pieces if state]
     if not states:
-        return
-    state = {}
-    for key, first in states[0][1].items():
-        if torch.is_tensor(first) and first.dim() > 0 and first.shape[1:] == sp.slot.shape[1:]:
-            full = assemble(f"{name} optimizer {key}", sp.slot.shape, [(rows, s[key]) for rows, s in states])
-            state[key] = keep_rows(full, unit, sp).clone().to(sp.shard.device)
-        else:
-            state[key] = first.clone() if torch.is_tensor(first) else first
-    optimizer.state[sp.shard] = state
+        return {}
+    return {key: assemble(f"{name} optimizer {key}", sp.slot.shape, [(rows, s[key]) for rows, s in states])
+            if row_sharded(first, sp) else (first.clone() if torch.is_tensor(first) else first)
+            for key, first in states[0][1].items()}
+
+
+def load_optimizer_state(optimizer, name: str, unit, sp, pieces: list) -> None:
+    """Set ``optimizer.state[shard]``: row-sharded tensors reassembled and re-cut, the rest from rank 0."""
+    full = full_optimizer_entry(name, sp, pieces)
+    if full:
+        optimizer.state[sp.shard] = {k: keep_rows(v, unit, sp).clone().to(sp.shard.device) if row_sharded(v, sp) else v
+                                     for k, v in full.items()}
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict]:
+    """{parameter name: {state key: full value}} on every rank: what an unsharded optimizer would
+    hold. Collective over the data-parallel group."""
+    shards = _shards(model)
+    group = _dp_group(model)
+    mine = {name: (saved_rows(u, sp), optimizer_pieces(optimizer, sp.shard)) for name, (u, sp) in shards.items()}
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    return {name: full_optimizer_entry(name, sp, [theirs[name] for theirs in everyone])
+            for name, (_, sp) in shards.items()}
 
 
 def restore_scaler(scaler, state: dict) -> None:

@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from shardcheck.conformance.adapters import frontends
+from shardcheck.conformance.adapters import dcp, frontends
 from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
 
 try:
@@ -170,6 +170,9 @@ class AccelerateTrainer:
 
     def full_state_dict(self):
         return frontends.from_rank0(self.accelerator.get_state_dict(self.model))
+
+    def full_optimizer_state(self):  # Accelerate has no in-memory one: torch's, over the optimizer it wraps
+        return dcp.full_optimizer_state(self.model, self.optimizer.optimizer)
 
     def full_params(self):
         # not accelerator.get_state_dict: for FSDP1 on CPU its FULL_STATE_DICT(offload_to_cpu=True) fails (FINDINGS)

@@ -4,8 +4,9 @@
 `torch.distributed.checkpoint.state_dict.get_state_dict` (names of the unsharded model), plus the
 grad scaler's state, written by `dcp.save` into the directory (one `.distcp` file per rank and a
 `.metadata` index) and read back by `dcp.load` into a fresh trainer's state dicts, which DCP reshards
-to the trainer's own layout, then applied with `set_state_dict`. `full_state_dict`: the model's full
-state dict on every rank (`StateDictOptions(full_state_dict=True)`).
+to the trainer's own layout, then applied with `set_state_dict`. `full_state_dict` and
+`full_optimizer_state`: the model's and the optimizer's full state dicts on every rank
+(`StateDictOptions(full_state_dict=True)`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
+    get_optimizer_state_dict,
     get_state_dict,
     set_state_dict,
 )
@@ -65,6 +67,13 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone() for n, t in full.items()}
 
 
+def full_optimizer_state(model, optimizer) -> dict[str, dict]:
+    """{parameter name (the unsharded model's): {state key: full value}} on every rank, from
+    `get_optimizer_state_dict(full_state_dict=True)`. Collective."""
+    state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))["state"]
+    return {name: dict(entry) for name, entry in state.items()}
+
+
 class DCPCheckpoints:
     """The checkpoint methods of a torch-style adapter (capability `checkpoint`), through this
     module: what FSDP2, FSDP1 and DDP share."""
@@ -77,3 +86,6 @@ class DCPCheckpoints:
 
     def full_state_dict(self, model):
         return full_state_dict(model)
+
+    def full_optimizer_state(self, model, optimizer):
+        return full_optimizer_state(model, optimizer)

@@ -107,6 +107,21 @@ class DeepSpeedTrainer:
         full = self.full_params()
         return {n: full.get(n, t).detach().clone() for n, t in self.engine.module.state_dict().items()}
 
+    def full_optimizer_state(self):
+        """{name: {key: full value}}: the client optimizer's per-element state (Adam's moments) through
+        deepspeed.utils.safe_get_full_optimizer_state; its scalar state (Adam's step), kept once per
+        flat partition, given to every parameter of it."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        flat = [s for s in self.engine.optimizer.optimizer.state.values() if s]
+        scalars = {k: v for k, v in (flat[0] if flat else {}).items() if not torch.is_tensor(v) or v.dim() == 0}
+        moments = sorted({k for s in flat for k, v in s.items() if torch.is_tensor(v) and v.dim() > 0})
+        out = {}
+        for n, p in self.engine.module.named_parameters():
+            values = {k: safe_get_full_optimizer_state(p, k) for k in moments}
+            out[n] = {**scalars, **{k: v.detach().clone() for k, v in values.items() if v is not None}}
+        return out
+
     def close(self):
         deepspeed_runtime.release(self.engine)
 

@@ -145,6 +145,9 @@ class LightningTrainer:
     def full_state_dict(self):
         return dcp.full_state_dict(self.model._forward_module)
 
+    def full_optimizer_state(self):  # the torch optimizer Fabric wraps, over the torch module's parameters
+        return dcp.full_optimizer_state(self.model._forward_module, self.optimizer.optimizer)
+
 
 class LightningAdapter:
     name = "lightning"

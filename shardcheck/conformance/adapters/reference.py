@@ -84,3 +84,6 @@ class ReferenceAdapter(TorchStyleAdapter):
 
     def full_state_dict(self, model):
         return checkpoint.full_state_dict(model)
+
+    def full_optimizer_state(self, model, optimizer):
+        return checkpoint.full_optimizer_state(model, optimizer)

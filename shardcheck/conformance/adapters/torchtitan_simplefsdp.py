@@ -104,6 +104,9 @@ class SimpleFSDPTrainer:
     def full_state_dict(self):
         return dcp.full_state_dict(self.model)
 
+    def full_optimizer_state(self):
+        return dcp.full_optimizer_state(self.model, self.optimizer)
+
 
 class SimpleFSDPAdapter:
     name = "torchtitan-simplefsdp"

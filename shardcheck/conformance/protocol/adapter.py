@@ -99,6 +99,9 @@ class Trainer(Protocol):
     #     naming what is wrong (missing file, truncated file, mismatched parameter) on every rank.
     #   full_state_dict(self) -> dict[str, Tensor]: the consolidated state dict, on every rank, that
     #     the plain unsharded model accepts with `load_state_dict(strict=True)`.
+    #   full_optimizer_state(self) -> dict[str, dict]: {parameter name: {state key: full value}} on
+    #     every rank, what the optimizer of the unsharded model would hold (Adam: step, exp_avg,
+    #     exp_avg_sq), compared right after a load with the uninterrupted run's.
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -181,3 +184,6 @@ class TorchAPI(Protocol):
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Capability `checkpoint`: the consolidated state dict of the unsharded model. Collective."""
+
+    def full_optimizer_state(self, model: nn.Module, optimizer) -> dict[str, dict]:
+        """Capability `checkpoint`: {parameter name: {state key: full value}}. Collective."""

@@ -97,7 +97,8 @@ class TorchStyleTrainer:
     def full_params(self) -> dict[str, torch.Tensor]:
         return {n: p.float() for n, p in self.adapter.full_params(self.model).items()}
 
-    # Capability `checkpoint`: the adapter's save_checkpoint / load_checkpoint / full_state_dict.
+    # Capability `checkpoint`: the adapter's save_checkpoint / load_checkpoint / full_state_dict /
+    # full_optimizer_state.
     def save(self, path) -> None:
         self.adapter.save_checkpoint(self.model, self.optimizer, self.scaler, str(path))
 
@@ -106,6 +107,9 @@ class TorchStyleTrainer:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.adapter.full_state_dict(self.model)
+
+    def full_optimizer_state(self) -> dict[str, dict]:
+        return self.adapter.full_optimizer_state(self.model, self.optimizer)
 
 
 class TorchStyleAdapter:

@@ -11,8 +11,10 @@ data-parallel run, `DataParallelReference`, whose data-parallel world is the ran
 
 The reference itself is not checkpointed through any engine: its parameters, optimizer state (Adam's
 step and moments) and GradScaler state (scale, growth tracker) pass from phase 1 to phase 2 in
-memory (rank 0's copy, broadcast: it is replicated). So after the load, parameters, gradients,
-losses, loss scales and skip decisions must continue exactly as if training had never stopped.
+memory (rank 0's copy, broadcast: it is replicated). So right after the load the parameters and the
+optimizer state (`Trainer.full_optimizer_state`, tensor by tensor: Adam's step and moments) must
+equal the uninterrupted run's, and then gradients, losses, loss scales and skip decisions must
+continue exactly as if training had never stopped.
 
 Two world sizes in one launch: the test runs at max(S, L) ranks and a phase at fewer ranks runs on
 the sub-group of the first ranks with its own 1-D device mesh (`phase`); the other ranks wait. The
@@ -122,6 +124,8 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
         try:
             trainer.load(path)
             assert_close(second, trainer.full_params(), ref.full_params(), "parameters after load", dtype=dtype)
+            assert_close(second, as_tensors(trainer.full_optimizer_state()), optimizer_state(ref),
+                         "optimizer state after load", dtype=dtype)
             batches = workload.batches(second, steps, poison=poison)[save_steps:]
             results.extend(compare_steps(second, trainer, ref, recipe, batches, dtype, first=save_steps))
         finally:
@@ -131,6 +135,17 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
     load_phase()
     ctx.barrier()
     return results
+
+
+def optimizer_state(ref: DataParallelReference) -> dict[str, torch.Tensor]:
+    """{parameter name: {state key: value}} of the reference's (unsharded) optimizer, as tensors."""
+    return as_tensors({n: ref.optimizer.state.get(p, {}) for n, p in ref.master.named_parameters()})
+
+
+def as_tensors(state: dict[str, dict]) -> dict[str, torch.Tensor]:
+    """{"<parameter> <key>": float32 tensor} (Adam's step may be a tensor or a number): one flat
+    dict, so that a parameter whose state is missing on one side shows as names that differ."""
+    return {f"{n} {k}": torch.as_tensor(v).detach().float().cpu() for n, entry in state.items() for k, v in entry.items()}
 
 
 def files_under(root: Path) -> dict[str, int]:
