@@ -97,6 +97,8 @@ mutant-ckpt-load-unchecked            load does not validate files and shapes (e
   (CheckpointLoadUnchecked)
 mutant-ckpt-digest-unchecked          load checks file sizes, not digests; exactly the cells [*-flipped]                  test_checkpoint.py::test_bad_input
   (CheckpointDigestUnchecked)
+mutant-ckpt-index-error-unnamed       a corrupt index raises the parser's error; exactly the cells [*-truncated_index]    test_checkpoint.py::test_bad_input
+  (CheckpointIndexErrorUnnamed)
 mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)  test_sharding.py::test_sharding
   (ReplicatesDeclaresFullShard)
                                                                                                                           test_sharding.py::test_sharding_hybrid
@@ -166,6 +168,7 @@ from shardcheck.conformance.mutants.base import MutantAdapter, applied
 from shardcheck.conformance.mutants.checkpoint import (
     CheckpointExportLocalShard,
     CheckpointDigestUnchecked,
+    CheckpointIndexErrorUnnamed,
     CheckpointLoadUnchecked,
     CheckpointOptimStateNotResharded,
     CheckpointScalerNotRestored,
@@ -285,6 +288,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CheckpointExportLocalShard,
     CheckpointLoadUnchecked,
     CheckpointDigestUnchecked,
+    CheckpointIndexErrorUnnamed,
     ReplicatesDeclaresFullShard,
     NoReshardAfterForward,
     UnshardedOptimizerState,

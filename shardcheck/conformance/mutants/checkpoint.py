@@ -112,3 +112,21 @@ class CheckpointDigestUnchecked(MutantAdapter):
         from shardcheck.reference_impl import checkpoint
 
         replace(checkpoint, "sha256", lambda file: "not computed")
+
+
+class CheckpointIndexErrorUnnamed(MutantAdapter):
+    """The index is parsed without naming it on failure: a truncated meta.json raises json's
+    "Expecting ... line 1 column ..." with no file name (as DeepSpeed's and torch's loaders do for
+    their files: F61, F32)."""
+
+    name = "mutant-ckpt-index-error-unnamed"
+    bug = "a corrupt index raises the parser's error, naming no file"
+    checks = ("test_checkpoint.py::test_bad_input",)
+    cells = ("test_bad_input[*-truncated_index]",)
+
+    def patch(self) -> None:
+        import json
+
+        from shardcheck.reference_impl import checkpoint
+
+        replace(checkpoint, "read_meta", lambda path: json.loads((path / checkpoint.META).read_text()))

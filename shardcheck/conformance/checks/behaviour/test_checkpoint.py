@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from shardcheck.conformance.checks.support.checkpoint import (
     flip_bytes,
+    index_files,
     largest_file,
     listing,
     train_across_checkpoint,
@@ -117,15 +118,22 @@ def damage_checkpoint(path, damage: str) -> str:
         victim = largest_file(path)
         victim.unlink()
         return victim.name
+    if damage in ("missing_index", "truncated_index"):
+        victims = index_files(path)
+        for victim in victims:
+            victim.unlink() if damage == "missing_index" else truncate(victim)
+        return tuple(v.name for v in victims)
     return "other_shape"
 
 
 @distributed(world_size=2)
 @pytest.mark.requires("full_shard", "checkpoint")
-@pytest.mark.parametrize("damage", ["truncated", "flipped", "missing_shard", "other_shape"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "missing_shard", "missing_index", "truncated_index",
+                                    "other_shape"])
 def test_bad_input(ctx, impl, damage, tmp_path):
     """A damaged checkpoint (its largest data file cut in half, or with bytes flipped in place at the
-    same size, or missing), or one of a model with other shapes, must make `load` raise on every rank
+    same size, or missing; its index file missing or cut in half), or one of a model with other
+    shapes, must make `load` raise on every rank
     an error naming what is wrong (the damaged file; a parameter whose shape differs), of a type users
     catch (an Exception, or DCP's CheckpointException), and the load must write nothing outside the
     checkpoint's directory."""
@@ -157,7 +165,7 @@ def test_bad_input(ctx, impl, damage, tmp_path):
         if hasattr(trainer, "close"):
             trainer.close()
     message = str(raised.value)
-    wanted = RESHAPED if damage == "other_shape" else (named,)
+    wanted = RESHAPED if damage == "other_shape" else named if isinstance(named, tuple) else (named,)
     assert any(w in message for w in wanted), (
         f"load of a checkpoint ({damage}) raised {type(raised.value).__name__}: {message[:300]!r} ... "
         f"{(message.strip().splitlines() or [''])[-1][:200]!r}, which names none of {list(wanted)}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -167,6 +168,19 @@ def largest_file(root: Path) -> Path:
     if not sizes:
         raise AssertionError(f"the trainer's save wrote no binary file under {root}")
     return root / max(sizes, key=lambda name: (sizes[name], name))
+
+
+INDEX = re.compile(r"^\.|meta|latest", re.IGNORECASE)
+
+
+def index_files(root: Path) -> list[Path]:
+    """The checkpoint's index files, by the names the formats give them: DCP's `.metadata`, the
+    reference's `meta.json`, Lightning's `meta.pt`, DeepSpeed's `latest` tag (what a load without a
+    tag reads)."""
+    found = [root / name for name in files_under(root) if INDEX.search(Path(name).name)]
+    if not found:
+        raise AssertionError(f"the trainer's save wrote no index file under {root}: {sorted(files_under(root))}")
+    return found
 
 
 def flip_bytes(file: Path, count: int = 4) -> None:
