@@ -53,6 +53,16 @@ def test_resume(ctx, impl, strategy, tmp_path):
                             load_size=ctx.world_size, spec_of=spec_of)
 
 
+@distributed(world_size=4)
+@pytest.mark.requires("hybrid_shard", "clip_norm_2", "checkpoint")
+def test_resume_hybrid(ctx, impl, tmp_path):
+    """HYBRID_SHARD on a (replicate=2, shard=2) mesh: each replica saves the same shards; the load
+    must give both replicas the state, and training continue as unsharded training would."""
+    hybrid = ctx.mesh((2, 2), ("replicate", "shard"))
+    spec_of = lambda mesh: ShardSpec(strategy="HYBRID_SHARD", units=W.units, mesh=hybrid)  # noqa: E731
+    train_across_checkpoint(ctx, impl, W, ADAM, tmp_path / "ckpt", save_size=4, load_size=4, spec_of=spec_of)
+
+
 @distributed(world_size=[2, 4])
 @pytest.mark.requires("full_shard", "clip_norm_2", "loss_scaling", "mixed_precision_bf16", "checkpoint")
 def test_resume_loss_scaling(ctx, impl, tmp_path):
