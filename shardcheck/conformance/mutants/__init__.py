@@ -99,6 +99,8 @@ mutant-ckpt-digest-unchecked          load checks file sizes, not digests; exact
   (CheckpointDigestUnchecked)
 mutant-ckpt-index-error-unnamed       a corrupt index raises the parser's error; exactly the cells [*-truncated_index]    test_checkpoint.py::test_bad_input
   (CheckpointIndexErrorUnnamed)
+mutant-ckpt-hybrid-replica-fresh      HYBRID_SHARD: optimizer state restored on the first replica only                   test_checkpoint.py::test_resume_hybrid
+  (CheckpointHybridReplicaNotRestored)
 mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)  test_sharding.py::test_sharding
   (ReplicatesDeclaresFullShard)
                                                                                                                           test_sharding.py::test_sharding_hybrid
@@ -168,6 +170,7 @@ from shardcheck.conformance.mutants.base import MutantAdapter, applied
 from shardcheck.conformance.mutants.checkpoint import (
     CheckpointExportLocalShard,
     CheckpointDigestUnchecked,
+    CheckpointHybridReplicaNotRestored,
     CheckpointIndexErrorUnnamed,
     CheckpointLoadUnchecked,
     CheckpointOptimStateNotResharded,
@@ -289,6 +292,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CheckpointLoadUnchecked,
     CheckpointDigestUnchecked,
     CheckpointIndexErrorUnnamed,
+    CheckpointHybridReplicaNotRestored,
     ReplicatesDeclaresFullShard,
     NoReshardAfterForward,
     UnshardedOptimizerState,

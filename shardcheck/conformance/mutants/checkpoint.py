@@ -130,3 +130,28 @@ class CheckpointIndexErrorUnnamed(MutantAdapter):
         from shardcheck.reference_impl import checkpoint
 
         replace(checkpoint, "read_meta", lambda path: json.loads((path / checkpoint.META).read_text()))
+
+
+class CheckpointHybridReplicaNotRestored(MutantAdapter):
+    """Under HYBRID_SHARD the load restores the optimizer state on the first replica only (whose
+    ranks wrote the rows); the other replica keeps a fresh optimizer: what F65 shows for Lightning's
+    FSDPStrategy, in one replica."""
+
+    name = "mutant-ckpt-hybrid-replica-fresh"
+    bug = "HYBRID_SHARD: optimizer state restored on the first replica only"
+    checks = ("test_checkpoint.py::test_resume_hybrid",)
+    world_sizes = (4,)
+
+    def patch(self) -> None:
+        import torch.distributed as dist
+
+        from shardcheck.reference_impl import checkpoint
+
+        original = checkpoint.load_optimizer_state
+
+        def first_replica_only(optimizer, name, unit, sp, pieces):
+            second = unit.replicate_group is not None and dist.get_rank(unit.replicate_group) > 0
+            if not second:
+                original(optimizer, name, unit, sp, pieces)
+
+        replace(checkpoint, "load_optimizer_state", first_replica_only)
