@@ -105,6 +105,8 @@ def parallelism_for(spec):
     from accelerate import ParallelismConfig
 
     replicate, shard = spec.mesh.shape
+    if shard == 1:  # Accelerate: "FSDP is enabled but the parallelism config has no dimension for FSDP to shard across"
+        raise Unsupported("Accelerate refuses a ParallelismConfig with dp_shard_size 1 under FSDP (pure data parallelism is DDP)")
     return ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard)
 
 
