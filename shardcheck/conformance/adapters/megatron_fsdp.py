@@ -3,7 +3,8 @@
 `fully_shard(module, optimizer, ...)` wraps the model and the recipe's torch optimizer; parameters and
 gradients become DTensors cut unevenly from its flat buffers. It averages gradients itself and has no
 clip of its own: the trainer clips with torch's, as its users do. No loss scaling or mixed precision
-declared. CPU tensors go through the shim `megatron_cpu`. Semantics and findings: FINDINGS.md.
+declared. CPU tensors go through the shim `megatron_cpu`. Checkpoints: DCP over its DCP-ready state
+dicts (`preproc_state_dict_for_dcp_ckpt=True`). Semantics and findings: FINDINGS.md.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
@@ -55,7 +57,7 @@ class MegatronFSDPTrainer:
         self.model, self.optimizer = fully_shard(
             model, recipe.optimizer.build(model.parameters()), device_mesh=mesh, dp_shard_dim="fsdp", tp_dim="tp",
             zero_dp_strategy=STRATEGIES[spec.strategy], fsdp_unit_modules=units, device=spec.device,
-            preproc_state_dict_for_dcp_ckpt=False, **hybrid)
+            preproc_state_dict_for_dcp_ckpt=True, **hybrid)
         self.optimizer.state.clear()  # fully_shard's zero-gradient warm-up step (FINDINGS F19)
         self.params = [(n.removeprefix("module."), p) for n, p in self.model.named_parameters()]  # its .module
 
@@ -83,12 +85,45 @@ class MegatronFSDPTrainer:
     def full_params(self):
         return {n: full(p) for n, p in self.params}
 
+    # Capability `checkpoint`: torch DCP over the wrapped model's and optimizer's state dicts, which
+    # fully_shard(preproc_state_dict_for_dcp_ckpt=True) makes DCP-ready (uneven DTensors).
+    def _state(self):
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def save(self, path):
+        torch.distributed.checkpoint.save(self._state(), checkpoint_id=str(path))
+
+    def load(self, path):
+        """DCP fills only the keys the template holds: the optimizer's state is built first (torch's
+        lazy init, lr 0), as fully_shard's own warm-up step would have, which this trainer undoes (F19)."""
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+        _init_optim_state(self.optimizer)
+        state = self._state()
+        torch.distributed.checkpoint.load(state, checkpoint_id=str(path))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_state_dict(self):
+        values = self.full_params()
+        return {n.removeprefix("module."): values[n.removeprefix("module.")] if n.removeprefix("module.") in values
+                else t.detach().clone() for n, t in self.model.state_dict().items()}
+
+    def full_optimizer_state(self):
+        """By position: the optimizer's parameters are the module's, in the order it was built with (a
+        load re-installs the module's parameters, so identities do not survive it)."""
+        held = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return {n: {k: full(v) if isinstance(v, DTensor) and v.dim() > 0 else
+                    (v.to_local() if isinstance(v, DTensor) else v) for k, v in self.optimizer.state.get(p, {}).items()}
+                for (n, _), p in zip(self.params, held)}
+
 
 class MegatronFSDPAdapter:
     name = "megatron-fsdp"
     version = importlib.metadata.version("megatron-fsdp")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_1",
-                              "clip_norm_2", "clip_norm_inf", "activation_checkpointing", "buffers", "compile"})
+                              "clip_norm_2", "clip_norm_inf", "activation_checkpointing", "buffers", "compile",
+                              "checkpoint"})
 
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:  # thread ranks would share its process-global buffers
