@@ -26,9 +26,6 @@ from shardcheck.conformance.adapters.dtensors import full_tensors
 from shardcheck.conformance.adapters.torch_fsdp1 import TorchFSDP1Adapter
 from shardcheck.conformance.protocol import Unsupported
 
-STRATEGIES_FSDP2 = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}  # reshard_after_forward
-
-
 def require_processes(frontend: str, spec) -> None:
     """Skip in thread mode: both front-ends keep process-global state (singletons, the environment).
     Unsupported off the CPU: the adapters build the CPU setups (and their shims) only."""

@@ -65,8 +65,8 @@ def strategy_for(variant, spec, model):
         def parallelize(model, mesh):  # the user's parallelize_fn: fully_shard over the data-parallel mesh
             # (FULL_SHARD, SHARD_GRAD_OP), or over the mesh the user builds for HSDP: the spec's 2-D
             # (replicate, shard) mesh for HYBRID_SHARD, a (world, 1) one for NO_SHARD, as torch-fsdp2
-            dp = mesh["data_parallel"] if spec.strategy in frontends.STRATEGIES_FSDP2 else \
-                strategy_mesh(spec.mesh, spec.strategy)
+            hsdp = spec.strategy in ("NO_SHARD", "HYBRID_SHARD")
+            dp = strategy_mesh(spec.mesh, spec.strategy) if hsdp else mesh["data_parallel"]
             kwargs = dict(mesh=dp, mp_policy=policy, reshard_after_forward=spec.strategy != "SHARD_GRAD_OP")
             for _, unit in spec.unit_modules(model):  # each unit (deepest first), then the root
                 fully_shard(unit, **kwargs)

@@ -106,8 +106,8 @@ class MegatronFSDPTrainer:
 
     def full_state_dict(self):
         values = self.full_params()
-        return {n.removeprefix("module."): values[n.removeprefix("module.")] if n.removeprefix("module.") in values
-                else t.detach().clone() for n, t in self.model.state_dict().items()}
+        named = {n.removeprefix("module."): t for n, t in self.model.state_dict().items()}
+        return {n: values.get(n, t).detach().clone() for n, t in named.items()}
 
     def full_optimizer_state(self):
         """By position: the optimizer's parameters are the module's, in the order it was built with (a
