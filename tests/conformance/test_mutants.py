@@ -18,7 +18,10 @@ shardcheck/conformance/checks is listed for some mutant (or is UNREACHABLE, with
 
 The runs are independent processes, so they are started ahead, up to ``SHARDCHECK_MUTANT_JOBS`` at a
 time (default 2; 1 under pytest-xdist, which parallelises by itself), and each item waits for its own.
-``SHARDCHECK_MUTANT_BACKEND`` picks the backend of the runs (default gloo; threaded also works).
+A run uses the threaded backend (ranks as threads of the run's own process: some 2.5 times less
+CPU than gloo's process per rank for the same cells) unless a check it runs judges less on threads
+(its body branches on ``ctx.is_threaded``: bytes per rank need a process per rank); those runs use
+gloo. ``SHARDCHECK_MUTANT_BACKEND=gloo`` runs every mutant on gloo.
 Known survivors (a mutant with ``survivor`` set: a gap in the checks, documented) are strict xfails
 that only run with ``SHARDCHECK_MUTANT_SURVIVORS=1``.
 """
@@ -42,7 +45,8 @@ from shardcheck.conformance.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ROOT / "shardcheck" / "conformance" / "checks"
-BACKEND = os.environ.get("SHARDCHECK_MUTANT_BACKEND", "gloo")
+BACKEND = os.environ.get("SHARDCHECK_MUTANT_BACKEND", "threaded")
+PROCESS_BACKEND = "gloo"  # for the checks that judge less on threads
 RUN_SURVIVORS = os.environ.get("SHARDCHECK_MUTANT_SURVIVORS", "") == "1"
 RUN_TIMEOUT_S = 600
 # Only the plugins the checks need: skips ~1 s of plugin imports (hypothesis, xdist, ...) per run.
@@ -86,8 +90,34 @@ def all_check_functions() -> set[str]:
     return out
 
 
-def _command(impl: str, selection, stop_at_first_failure: bool, world_sizes=(2,)) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", *selection, "--shardcheck-impl", impl, "--shardcheck-backend", BACKEND,
+def threads_judge_less() -> set[str]:
+    """The check functions ("file.py::function") that branch on ``ctx.is_threaded``, in their body or
+    in a function of their module they call: on the threaded backend they leave a part of their
+    verdict out (a process per rank measures bytes), so a run of theirs uses gloo."""
+    out = set()
+    for f in CHECKS.rglob("test_*.py"):
+        bodies = dict(re.findall(r"^def (\w+)\((.*?)(?=^\S)", f.read_text() + "\nend", re.MULTILINE | re.DOTALL))
+        branching = {name for name, body in bodies.items() if "ctx.is_threaded" in body}
+        while True:  # and the functions that call one of them
+            more = {name for name, body in bodies.items()
+                    if name not in branching and any(re.search(rf"\b{b}\(", body) for b in branching)}
+            if not more:
+                break
+            branching |= more
+        out |= {f"{f.name}::{name}" for name in branching if name.startswith("test_")}
+    return out
+
+
+THREADS_JUDGE_LESS = threads_judge_less()
+
+
+def backend_of(checks) -> str:
+    """The backend a run of `checks` uses: BACKEND, or gloo if a check judges less on threads."""
+    return PROCESS_BACKEND if any(c.split("/")[-1] in THREADS_JUDGE_LESS for c in checks) else BACKEND
+
+
+def _command(impl: str, selection, stop_at_first_failure: bool, world_sizes=(2,), backend=BACKEND) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", *selection, "--shardcheck-impl", impl, "--shardcheck-backend", backend,
            "--shardcheck-world-sizes", ",".join(map(str, world_sizes)), "-o", "addopts=",
            "-p", "no:cacheprovider", "-rfE", "--shardcheck-rank-timeout", "120", *PLUGINS]
     return cmd + (["-x"] if stop_at_first_failure else [])
@@ -128,7 +158,7 @@ def _mutant_command(mutant) -> list[str]:
     # remaining cells once one failed, so each kill costs about one cell. A mutant naming `cells`
     # runs every cell of its checks (-rA lists the passed ones too): exactly those must fail.
     cmd = _command(f"shardcheck.conformance.mutants:{mutant.__name__}", _selection(mutant.checks), stop_at_first_failure=False,
-                   world_sizes=mutant.world_sizes)
+                   world_sizes=mutant.world_sizes, backend=backend_of(mutant.checks))
     return cmd + ["-rA"] if mutant.cells else cmd + PER_CHECK
 
 
@@ -157,9 +187,9 @@ def _killing_cells(mutant, run: "Run") -> list[str]:
     return out
 
 
-def _baseline_command(cells: list[str]) -> list[str]:
-    """The unmutated reference over exactly the cells that killed some mutant."""
-    return _command(BASELINE, sorted(set(cells)), stop_at_first_failure=False, world_sizes=(2, 4))
+def _baseline_command(cells: list[str], backend: str) -> list[str]:
+    """The unmutated reference over exactly the cells that killed some mutant, on their backend."""
+    return _command(BASELINE, sorted(set(cells)), stop_at_first_failure=False, world_sizes=(2, 4), backend=backend)
 
 
 def _is_survivor(mutant) -> bool:
@@ -348,9 +378,9 @@ def test_mutant_breaks_exactly_its_rows(mutant_runs, mutant):
         print(f"\n{mutant.name}: {line.partition(' - ')[0]} broke exactly {sorted(rows)}")
 
 
-def _judged_by_this_session(config, items) -> set[tuple[str, str]]:
-    """(check file, check function) pairs over every cell of which this session itself runs the
-    unmutated reference on BACKEND: whole files collected, no -k/-m, every world size (a superset
+def _judged_by_this_session(config, items) -> set[tuple[str, str, str]]:
+    """(check file, check function, backend) over every cell of which this session itself runs the
+    unmutated reference on that backend: whole files collected, no -k/-m, every world size (a superset
     of any mutant run's cells). Not explore: its draws depend on the world sizes it is given."""
     if (config.getoption("shardcheck_world_sizes") or config.option.keyword or config.option.markexpr
             or any("::" in arg and "checks" in arg for arg in config.args)):
@@ -359,9 +389,9 @@ def _judged_by_this_session(config, items) -> set[tuple[str, str]]:
     for item in items:
         params = item.callspec.params if hasattr(item, "callspec") else {}
         backend = params.get("shardcheck_backend", config.getoption("shardcheck_backend"))  # one backend: no param
-        if (getattr(params.get("impl"), "name", None) == BASELINE and backend == BACKEND
+        if (getattr(params.get("impl"), "name", None) == BASELINE
                 and "world_size" in params and CHECKS in item.path.parents):  # a distributed cell
-            out.add((item.path.name, item.originalname))
+            out.add((item.path.name, item.originalname, backend))
     return out
 
 
@@ -379,16 +409,23 @@ def test_reference_passes_mutant_subsets(mutant_runs, request):
     the mutant runs' results.)"""
     judged = _judged_by_this_session(request.config, request.session.items)
     live = [m for m in MUTANTS if RUN_SURVIVORS or not _is_survivor(m)]
-    here = [m for m in live if not all(_check_of(c) in judged for c in m.checks)]
+    here = [m for m in live if not all((*_check_of(c), backend_of(m.checks)) in judged for c in m.checks)]
     print(f"\nthe reference over the cells that killed mutants: {len(live) - len(here)} mutants' check "
           f"functions judged by this session's own items, {len(here)} mutants' killing cells run here")
     if not here:
         return
-    cells = [c for m in here for c in _killing_cells(m, mutant_runs.get(m.__name__, _mutant_command(m)).result())
-             if _check_of(c) not in judged]
-    assert cells, f"{', '.join(m.name for m in here)}: no killing cell to check the reference on"
-    run = mutant_runs.get(BASELINE, _baseline_command(cells)).result()
-    print(f"reference over {len(set(cells))} killing cells: {run.summary} ({run.seconds:.1f} s)")
-    bad = run.lines("FAILED") + run.lines("ERROR")
-    assert run.returncode == 0 and not bad, "the reference fails cells that killed mutants:\n" + run.describe()
-    assert re.search(r"\d+ passed", run.summary), run.describe()
+    cells: dict[str, list[str]] = {}  # backend -> killing cells
+    for m in here:
+        backend = backend_of(m.checks)
+        cells.setdefault(backend, []).extend(
+            c for c in _killing_cells(m, mutant_runs.get(m.__name__, _mutant_command(m)).result())
+            if (*_check_of(c), backend) not in judged)
+    assert any(cells.values()), f"{', '.join(m.name for m in here)}: no killing cell to check the reference on"
+    for backend, chosen in cells.items():
+        if not chosen:
+            continue
+        run = mutant_runs.get(f"{BASELINE}-{backend}", _baseline_command(chosen, backend)).result()
+        print(f"reference over {len(set(chosen))} killing cells on {backend}: {run.summary} ({run.seconds:.1f} s)")
+        bad = run.lines("FAILED") + run.lines("ERROR")
+        assert run.returncode == 0 and not bad, "the reference fails cells that killed mutants:\n" + run.describe()
+        assert re.search(r"\d+ passed", run.summary), run.describe()

@@ -10,7 +10,10 @@ from torch.testing._internal.two_tensor import TwoTensor
 import shardcheck.reference_impl as R
 from shardcheck.harness import distributed
 
-WS = [1, 2, 3, 4]
+# World sizes 2 and 4 are judged by the conformance matrix, which the README's test command runs on the
+# reference too (behaviour and api families: the same features against unsharded data parallelism);
+# these unit tests keep the sizes it does not run: one rank, and an odd world with uneven rows.
+WS = [1, 3]
 
 
 def two_tensor_pre(self, mesh):

@@ -9,7 +9,10 @@ import shardcheck.reference_impl as R
 from shardcheck.harness import distributed
 from ri_models import S, SharedTransformer, apply_sharding, build, sharded_copy, train_parity
 
-WS = [1, 2, 3, 4]
+# World sizes 2 and 4 are judged by the conformance matrix, which the README's test command runs on the
+# reference too (behaviour and api families: the same features against unsharded data parallelism);
+# these unit tests keep the sizes it does not run: one rank, and an odd world with uneven rows.
+WS = [1, 3]
 
 
 @distributed(world_size=WS)
@@ -30,7 +33,7 @@ def test_train_parity(ctx, kind, strategy):
     train_parity(ctx, kind, model, ref)
 
 
-@distributed(world_size=WS)
+@distributed(world_size=[*WS, 4])  # 4: the (2, 2) mesh
 def test_hybrid_shard(ctx):
     ws = ctx.world_size
     shapes = {(1, ws), (ws, 1)} | ({(2, 2)} if ws == 4 else set())
