@@ -187,6 +187,11 @@ class MemoryTracker(TorchDispatchMode):
             return NotImplemented  # a wrapper subclass dispatches first; its inner ops come back here
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func.is_view:  # its outputs alias an input's storage: nothing is born, no size changes
+            return out  # (FSDP2 cuts each parameter into world-size views: 16,384 per call at scale)
+        if (not func._schema.is_mutable and type(out) is torch.Tensor  # a new tensor, no input resized
+                and out.untyped_storage().nbytes() == 0):
+            return out  # empty (FSDP2's padding shards past the last row): no bytes to count
         inputs = {storage_key(t) for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and t.device.type == self.device_type
                   and not is_traceable_wrapper_subclass(t) and not isinstance(t, FakeTensor)}
