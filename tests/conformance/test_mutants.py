@@ -18,10 +18,8 @@ shardcheck/conformance/checks is listed for some mutant (or is UNREACHABLE, with
 
 The runs are independent processes, so they are started ahead, up to ``SHARDCHECK_MUTANT_JOBS`` at a
 time (default 2; 1 under pytest-xdist, which parallelises by itself), and each item waits for its own.
-A run uses the threaded backend (ranks as threads of the run's own process: some 2.5 times less
-CPU than gloo's process per rank for the same cells) unless a check it runs judges less on threads
-(its body branches on ``ctx.is_threaded``: bytes per rank need a process per rank); those runs use
-gloo. ``SHARDCHECK_MUTANT_BACKEND=gloo`` runs every mutant on gloo.
+A run uses the threaded backend unless a check it runs judges less there (then gloo:
+tests/conformance/mutant_backends.py).
 Known survivors (a mutant with ``survivor`` set: a gap in the checks, documented) are strict xfails
 that only run with ``SHARDCHECK_MUTANT_SURVIVORS=1``.
 """
@@ -41,12 +39,11 @@ from pathlib import Path
 import pytest
 
 import warm_python
+from mutant_backends import BACKEND, backend_of
 from shardcheck.conformance.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ROOT / "shardcheck" / "conformance" / "checks"
-BACKEND = os.environ.get("SHARDCHECK_MUTANT_BACKEND", "threaded")
-PROCESS_BACKEND = "gloo"  # for the checks that judge less on threads
 RUN_SURVIVORS = os.environ.get("SHARDCHECK_MUTANT_SURVIVORS", "") == "1"
 RUN_TIMEOUT_S = 600
 # Only the plugins the checks need: skips ~1 s of plugin imports (hypothesis, xdist, ...) per run.
@@ -88,32 +85,6 @@ def all_check_functions() -> set[str]:
     for f in CHECKS.rglob("test_*.py"):
         out |= {f"{f.name}::{m}" for m in re.findall(r"^def (test_\w+)\(", f.read_text(), re.MULTILINE)}
     return out
-
-
-def threads_judge_less() -> set[str]:
-    """The check functions ("file.py::function") that branch on ``ctx.is_threaded``, in their body or
-    in a function of their module they call: on the threaded backend they leave a part of their
-    verdict out (a process per rank measures bytes), so a run of theirs uses gloo."""
-    out = set()
-    for f in CHECKS.rglob("test_*.py"):
-        bodies = dict(re.findall(r"^def (\w+)\((.*?)(?=^\S)", f.read_text() + "\nend", re.MULTILINE | re.DOTALL))
-        branching = {name for name, body in bodies.items() if "ctx.is_threaded" in body}
-        while True:  # and the functions that call one of them
-            more = {name for name, body in bodies.items()
-                    if name not in branching and any(re.search(rf"\b{b}\(", body) for b in branching)}
-            if not more:
-                break
-            branching |= more
-        out |= {f"{f.name}::{name}" for name in branching if name.startswith("test_")}
-    return out
-
-
-THREADS_JUDGE_LESS = threads_judge_less()
-
-
-def backend_of(checks) -> str:
-    """The backend a run of `checks` uses: BACKEND, or gloo if a check judges less on threads."""
-    return PROCESS_BACKEND if any(c.split("/")[-1] in THREADS_JUDGE_LESS for c in checks) else BACKEND
 
 
 def _command(impl: str, selection, stop_at_first_failure: bool, world_sizes=(2,), backend=BACKEND) -> list[str]:
