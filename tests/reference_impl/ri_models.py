@@ -9,6 +9,10 @@ import torch.nn.functional as F
 import shardcheck.reference_impl as R
 
 S = R.ShardingStrategy
+# World sizes 2 and 4 are judged by the conformance matrix, which the README's test command runs on the
+# reference too (behaviour and api families: the same features against unsharded data parallelism);
+# these unit tests keep the sizes it does not run: one rank, and an odd world with uneven rows.
+WS = [1, 3]
 
 
 class Block(nn.Module):

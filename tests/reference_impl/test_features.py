@@ -12,12 +12,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 import shardcheck.reference_impl as R
 from shardcheck.harness import distributed
-from ri_models import S, apply_sharding, build, make_input, sharded_copy, average_grads
-
-# World sizes 2 and 4 are judged by the conformance matrix, which the README's test command runs on the
-# reference too (behaviour and api families: the same features against unsharded data parallelism);
-# these unit tests keep the sizes it does not run: one rank, and an odd world with uneven rows.
-WS = [1, 3]
+from ri_models import S, apply_sharding, build, make_input, sharded_copy, average_grads, WS
 
 
 # ------------------------------------------------------------------------------ mixed precision
