@@ -39,11 +39,10 @@ from pathlib import Path
 import pytest
 
 import warm_python
-from mutant_backends import BACKEND, backend_of
+from mutant_backends import BACKEND, CHECKS, backend_of
 from shardcheck.conformance.mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ROOT / "shardcheck" / "conformance" / "checks"
 RUN_SURVIVORS = os.environ.get("SHARDCHECK_MUTANT_SURVIVORS", "") == "1"
 RUN_TIMEOUT_S = 600
 # Only the plugins the checks need: skips ~1 s of plugin imports (hypothesis, xdist, ...) per run.
