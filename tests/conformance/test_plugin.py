@@ -42,12 +42,12 @@ def test_raises_unsupported_on_ranks(ctx, impl):
 '''
 
 
-def _session(tmp_path, manifest, *args):
+def _session(tmp_path, manifest, *args, target="test_checks.py"):
     (tmp_path / "fake_adapter.py").write_text(ADAPTER)
     (tmp_path / "test_checks.py").write_text(CHECKS)
     (tmp_path / "fake.toml").write_text(textwrap.dedent(manifest))
     proc = warm_python.run(["-m", "pytest", "-p", "no:cacheprovider", "-rA",
-                            "--shardcheck-impl", "fake_adapter:Fake", "test_checks.py", *args], cwd=tmp_path, timeout=300)
+                            "--shardcheck-impl", "fake_adapter:Fake", target, *args], cwd=tmp_path, timeout=300)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -73,6 +73,17 @@ def test_unsupported_is_its_own_status_and_known_failures_are_xfails(tmp_path):
     cell = next(c for c in report["cells"] if c["params"].get("x") == 1)
     assert cell["max_abs_err"] == 0.1 and cell["tolerances"] == [[1e-6, 1e-5]]
     assert (tmp_path / "r.jsonl").exists()
+
+
+def test_a_check_module_named_by_pyargs_outside_the_rootdir_keeps_its_file(tmp_path):
+    """`pytest --pyargs <a check module>` from a folder of the user's own: pytest's node ids then
+    leave the file out ("::test_x[...]"); the manifest's entries still mark their cells and the
+    report names each cell's file."""
+    (tmp_path / "elsewhere").mkdir()
+    code, out = _session(tmp_path, KNOWN, "--rootdir", "elsewhere", "--pyargs", "--shardcheck-report", "r.json",
+                         target="test_checks")
+    assert code == 0 and "1 passed, 1 xfailed, 2 unsupported" in out, out
+    assert {c["nodeid"].split("::")[0] for c in reading.load(tmp_path / "r.json")["cells"]} == {"test_checks.py"}
 
 
 def test_an_entry_matching_no_cell_is_an_error(tmp_path):

@@ -47,6 +47,17 @@ def _flat_grads(model):
     return out
 
 
+ON_THREADS = ("FSDP1's sharded state dicts cannot be made with ranks as threads of one process: their ShardedTensors ask the "
+              "group for its device (_get_pg_default_device; torch's threaded group registers none) and take CUDA for any "
+              "backend but gloo, and the optimizer's state dict times itself in process-global state (SimpleProfiler) that "
+              "the rank threads share; on gloo they run")
+
+
+def _not_on_threads() -> None:
+    if dist.get_backend() == "threaded":
+        raise Unsupported(ON_THREADS)
+
+
 def _set(parent, path, module):
     *head, last = path.split(".")
     setattr(parent.get_submodule(".".join(head)) if head else parent, last, module)
@@ -123,6 +134,18 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
 
     def clip_grad_norm_unit_(self, model, path, max_norm):
         return _unit(model, path).clip_grad_norm_(max_norm)
+
+    def save_checkpoint(self, model, optimizer, scaler, path):
+        _not_on_threads()
+        super().save_checkpoint(model, optimizer, scaler, path)
+
+    def load_checkpoint(self, model, optimizer, scaler, path):
+        _not_on_threads()
+        super().load_checkpoint(model, optimizer, scaler, path)
+
+    def full_optimizer_state(self, model, optimizer):
+        _not_on_threads()
+        return super().full_optimizer_state(model, optimizer)
 
     def grad_scaler(self, **kwargs):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler

@@ -38,6 +38,7 @@ from rich.text import Text
 from shardcheck.conformance.expectations.manifest import NO_REASON
 from shardcheck.conformance.protocol.outcomes import BAD, MISSING_PROPERTY, NOT_REACHED, OUTCOMES, outcome_of, reason_of
 from shardcheck.conformance.report import coverage
+from shardcheck.conformance.report.cells import nodeid_of
 from shardcheck.conformance.report.writer import PARAMS_PROPERTY, family_of
 from shardcheck.harness import waiting
 
@@ -112,7 +113,7 @@ class RunProgress:
             self._note_reason(impl or "-", outcome, reason_of(report), properties.get(MISSING_PROPERTY))
         if report.when in ("setup", "call"):
             return  # a cell is done with its teardown (or a crash report: when == "???")
-        family, outcome = family_of(report.nodeid), self.cells.pop(report.nodeid, "error")
+        family, outcome = family_of(nodeid_of(report)), self.cells.pop(report.nodeid, "error")
         self.done[(family, outcome)] += 1
         self.impl_done[(self.impls.pop(report.nodeid, "-"), family, outcome)] += 1
         self._show()

@@ -33,6 +33,7 @@ class Unsupported(pytest.skip.Exception):
 
     def __init__(self, msg: str) -> None:
         super().__init__(f"{_PREFIX} {msg}")
+        self.reason = msg
 
 
 def is_unsupported_message(text: str) -> bool:

@@ -38,7 +38,11 @@ class TorchStyleTrainer:
         self.scaler = None
         if recipe.loss_scale is not None:
             ls = recipe.loss_scale
-            self.scaler = adapter.grad_scaler(device=spec.device.type, init_scale=ls.init_scale,
+            # The group named, as the api checks do: torch's ShardedGradScaler defaults to
+            # `dist.group.WORLD` evaluated when its module is first imported, a group that may be
+            # gone by now (a later world of the threaded backend, or a re-made process group).
+            self.scaler = adapter.grad_scaler(device=spec.device.type, process_group=torch.distributed.group.WORLD,
+                                              init_scale=ls.init_scale,
                                               growth_factor=ls.growth_factor,
                                               backoff_factor=ls.backoff_factor,
                                               growth_interval=ls.growth_interval)

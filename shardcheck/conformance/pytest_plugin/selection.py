@@ -24,7 +24,7 @@ import pytest
 
 from shardcheck.conformance.protocol import outcomes
 from shardcheck.conformance.pytest_plugin import expected_errors
-from shardcheck.conformance.report.cells import strip_impl
+from shardcheck.conformance.report.cells import nodeid_of, strip_impl
 
 # Nothing above imports torch or an adapter: they are loaded when a test takes `impl` (a
 # conformance check) or --shardcheck-impl is given, not in every session of the environment.
@@ -161,13 +161,13 @@ def pytest_collection_modifyitems(session, config, items):
     # files collected whole: an entry of one must match some cell (a file named with ::, a few of
     # its cells, need not hold the entry's)
     partly = {Path(arg.split("::")[0]).name for arg in config.args if "::" in arg}
-    collected_files = {Path(i.nodeid.split("::")[0]).name for i in items} - partly
+    collected_files = {Path(nodeid_of(i).split("::")[0]).name for i in items} - partly
     for impl_name, entries in config._shardcheck_manifests.items():
         used = set()
         for item in items:
             if _adapter_of(item) is not config._shardcheck_impls[impl_name]:
                 continue
-            cell = strip_impl(item.nodeid, impl_name)
+            cell = strip_impl(nodeid_of(item), impl_name)
             for i, entry in enumerate(entries):
                 if any(fnmatch.fnmatchcase(cell, pattern.replace("[", "[[]")) for pattern in entry["cells"]):
                     used.add(i)

@@ -40,6 +40,7 @@ from shardcheck.conformance.report import compact, coverage, reading, texts
 from shardcheck.conformance.report.reading import SCHEMA_VERSION
 from shardcheck.conformance.report.stream import StreamError, lock_stream, stream_path, unwritable  # callers reach them here too
 from shardcheck.conformance.report.texts import KNOWN_FAILURE_LIMIT, MESSAGE_LIMIT, bounded
+from shardcheck.conformance.report.cells import nodeid_of
 
 HEAD = ("suite", "started", "implementations", "target", "finished", "duration_s", "complete", "exit_status")
 PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
@@ -158,10 +159,11 @@ class ReportWriter:
         params = dict(props.get(PARAMS_PROPERTY) or {})
         errors = [e for per_rank in props.get("error", {}).values() for e in per_rank
                   if isinstance(e, dict) and "max_abs" in e]
+        nodeid = nodeid_of(report)
         cell = {
-            "kind": "cell", "nodeid": report.nodeid, "phase": report.when, "outcome": outcome,
-            "family": family_of(report.nodeid), "layer": coverage.layer_of(family_of(report.nodeid)),
-            "check": report.nodeid.split("::")[-1].split("[")[0],
+            "kind": "cell", "nodeid": nodeid, "phase": report.when, "outcome": outcome,
+            "family": family_of(nodeid), "layer": coverage.layer_of(family_of(nodeid)),
+            "check": nodeid.split("::")[-1].split("[")[0],
             "impl": params.pop("impl", None), "world_size": params.get("world_size"),
             "params": params, "duration_s": round(report.duration, 4),
             "message": _message(report, outcome),
@@ -175,7 +177,7 @@ class ReportWriter:
         }
         self._append(cell)
         if props.get("explore") and report.when == "call":  # the explore family's search (shardcheck/conformance/explore/): its own line
-            self._append({"kind": "explore", **_jsonable({"nodeid": report.nodeid, **props["explore"]})})
+            self._append({"kind": "explore", **_jsonable({"nodeid": nodeid, **props["explore"]})})
 
     def pytest_sessionfinish(self, session, exitstatus):
         stopped = bool(session.shouldstop or session.shouldfail) or exitstatus not in (0, 1, 5)  # -x, ^C

@@ -36,7 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from shardcheck.conformance.checks.support.compare import assert_close
 from shardcheck.conformance.checks.support.dp_reference import DataParallelReference
 from shardcheck.conformance.checks.support.parity import compare_steps
-from shardcheck.conformance.protocol import Recipe, ShardSpec
+from shardcheck.conformance.protocol import Recipe, ShardSpec, Unsupported
 
 _MESHES: dict = {}  # (rank, ranks) -> DeviceMesh: sub-groups built once per rank process
 
@@ -109,10 +109,11 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
                 trainer.close()
         handed[0] = _reference_state(ref)
 
-    save_phase()  # a rank that fails here fails the test; the harness stops the others
-    state = [handed[0]]
-    dist.broadcast_object_list(state, src=dist.get_global_rank(ctx.group, 0) if ctx.group else 0,
-                               group=ctx.group)
+    # A rank that fails in a phase fails the test (the harness stops the others); one that the
+    # implementation refuses (Unsupported) tells the ranks outside the phase, which wait for it.
+    refused = _refusal(save_phase)
+    state = [handed[0], refused]
+    _agree(ctx, state)
 
     def load_phase():
         if second is None:
@@ -133,9 +134,24 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
             if hasattr(trainer, "close"):
                 trainer.close()
 
-    load_phase()
-    ctx.barrier()
+    _agree(ctx, [_refusal(load_phase)])
     return results
+
+
+def _refusal(run_phase) -> str | None:
+    """`run_phase()`; the message of an Unsupported it raised (rank 0 is in every phase), else None."""
+    try:
+        run_phase()
+    except Unsupported as refused:
+        return refused.reason
+    return None
+
+
+def _agree(ctx, values: list) -> None:
+    """Rank 0's `values` on every rank of the test (its last: a phase's refusal, raised everywhere)."""
+    dist.broadcast_object_list(values, src=dist.get_global_rank(ctx.group, 0) if ctx.group else 0, group=ctx.group)
+    if values[-1] is not None:
+        raise Unsupported(values[-1])
 
 
 def optimizer_state(ref: DataParallelReference) -> dict[str, torch.Tensor]:
