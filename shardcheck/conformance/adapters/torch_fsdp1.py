@@ -47,15 +47,10 @@ def _flat_grads(model):
     return out
 
 
-ON_THREADS = ("FSDP1's sharded state dicts cannot be made with ranks as threads of one process: their ShardedTensors ask the "
-              "group for its device (_get_pg_default_device; torch's threaded group registers none) and take CUDA for any "
-              "backend but gloo, and the optimizer's state dict times itself in process-global state (SimpleProfiler) that "
-              "the rank threads share; on gloo they run")
-
-
-def _not_on_threads() -> None:
-    if dist.get_backend() == "threaded":
-        raise Unsupported(ON_THREADS)
+ON_THREADS = ("FSDP1 cannot run with ranks as threads of one process: its state dicts (the model's, the optimizer's) time "
+              "themselves in process-global state (SimpleProfiler) that the rank threads share and trip over, and its sharded "
+              "ones build ShardedTensors, which ask the group for a device (torch's threaded group registers none) and take "
+              "CUDA for any backend but gloo; on gloo it runs")
 
 
 def _set(parent, path, module):
@@ -80,6 +75,8 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
             self.capabilities = self.capabilities | {"orig_params"}
 
     def shard(self, model, spec: ShardSpec):
+        if dist.get_backend() == "threaded":
+            raise Unsupported(ON_THREADS)
         def policy(path):
             mp = spec.mixed_precision_of(path)
             # cast_forward_inputs: FSDP1's docs ask for it where units' param_dtypes differ
@@ -134,18 +131,6 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
 
     def clip_grad_norm_unit_(self, model, path, max_norm):
         return _unit(model, path).clip_grad_norm_(max_norm)
-
-    def save_checkpoint(self, model, optimizer, scaler, path):
-        _not_on_threads()
-        super().save_checkpoint(model, optimizer, scaler, path)
-
-    def load_checkpoint(self, model, optimizer, scaler, path):
-        _not_on_threads()
-        super().load_checkpoint(model, optimizer, scaler, path)
-
-    def full_optimizer_state(self, model, optimizer):
-        _not_on_threads()
-        return super().full_optimizer_state(model, optimizer)
 
     def grad_scaler(self, **kwargs):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
