@@ -218,3 +218,11 @@ def test_simulate_finds_an_adapter_in_the_users_folder_as_run_does(tmp_path):
     proc = subprocess.run([str(script), "simulate", "--impl", "mypkg.adapter:MyAdapter", "--world-size", "8",
                            "--model", "tiny"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_workers_without_pytest_xdist_is_one_line_before_any_cell(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "xdist", None)  # as in an environment without it (a release's)
+    assert cli.main(["run", *ONE_CELL, "--workers", "2", "-o", str(tmp_path / "r.json")]) == codes.USAGE
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "shardcheck: --workers 2 needs pytest-xdist (pip install pytest-xdist, or the test extra)"
+    assert not (tmp_path / "r.json").exists() and "passed" not in captured.out

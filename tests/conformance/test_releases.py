@@ -139,10 +139,14 @@ def test_an_environment_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, cap
     assert "torch==0.0.0.dev0: no environment:" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_run_in_an_environment_writes_its_report_where_the_trend_reads_it(tmp_path, monkeypatch, capsys):
-    """The run half of the command, in an environment that is this one (no install)."""
+def _this_environment(monkeypatch):
+    """Every release's environment is this one (no install): the run half of the command alone."""
     monkeypatch.setattr(command, "environment", lambda *a: type("Env", (), {
         "__truediv__": lambda self, part: __import__("pathlib").Path(sys.executable).parents[1] / part})())
+
+
+def test_a_run_in_an_environment_writes_its_report_where_the_trend_reads_it(tmp_path, monkeypatch, capsys):
+    _this_environment(monkeypatch)
     out = tmp_path / "releases"
     code = main(["releases", "torch==2.13.0", "-o", str(out), "--", "--world-sizes", "2", "-k", "test_non_root",
                  "--family", "clip_grad"])
@@ -150,6 +154,16 @@ def test_a_run_in_an_environment_writes_its_report_where_the_trend_reads_it(tmp_
     written = json.loads((out / "torch-2.13.0" / "reference.json").read_text())
     assert written["cells"] and trend.release(written, "reference")[0] == torch.__version__.split("+")[0]
     assert "torch==2.13.0 reference: exit 0" in capsys.readouterr().out
+
+
+def test_a_run_that_writes_no_report_is_not_summed_up_by_an_earlier_one(tmp_path, monkeypatch, capsys):
+    _this_environment(monkeypatch)
+    stale = tmp_path / "releases" / "torch-2.13.0" / "reference.json"
+    stale.parent.mkdir(parents=True)
+    write(stale.parent, stale.name, releases_of()[0])
+    code = main(["releases", "torch==2.13.0", "-o", str(tmp_path / "releases"), "--", "--world-sizes", "two"])
+    assert code == 2 and not stale.exists()
+    assert "torch==2.13.0 reference: exit 2; no report" in capsys.readouterr().out
 
 
 def test_the_html_page_shows_the_trend_too():

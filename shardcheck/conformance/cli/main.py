@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import importlib.util
 import os
 import platform
 import re
@@ -117,6 +118,9 @@ def _run(args, passthrough: list[str]) -> int:
     if args.rank_timeout:
         argv += [f"--shardcheck-rank-timeout={args.rank_timeout:g}"]
     workers = workers_for(args, launch, passthrough) if args.workers == "auto" else args.workers
+    if workers and importlib.util.find_spec("xdist") is None:
+        print(f"shardcheck: --workers {workers} needs pytest-xdist (pip install pytest-xdist, or the test extra)", file=sys.stderr)
+        return codes.USAGE
     if workers:
         argv += ["-n", str(workers)]
     if args.launcher == "torchrun":  # re-run this command on ranks started by torchrun

@@ -148,6 +148,7 @@ def main(args, passthrough: list[str]) -> int:
             out = Path(args.output) / f"{package}-{version}" / f"{impl}.json"
             argv = [str(env / "bin" / "python"), "-m", "shardcheck.conformance.cli", "run", "--impl", impl,
                     "-o", str(out), *passthrough]
+            out.unlink(missing_ok=True)  # a run that writes none must not be summed up by an earlier one
             code = subprocess.call(argv)
             worst = max(worst, code if code in (0, 1) else 2)
             done = summary(out) if out.is_file() else "no report"
