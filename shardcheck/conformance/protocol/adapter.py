@@ -161,7 +161,9 @@ class TorchAPI(Protocol):
         """Call clip on the non-root unit at `path` (the implementation must refuse)."""
 
     def grad_scaler(self, **kwargs) -> Any:
-        """A sharded grad scaler (torch.amp.GradScaler API, found_inf agreed across ranks)."""
+        """A sharded grad scaler (torch.amp.GradScaler API, found_inf agreed across `process_group`).
+        `kwargs`: `device`, `process_group` (always named: a default captured at import may be a
+        process group that is gone) and GradScaler's `init_scale`, `growth_factor`, ..."""
 
     def register_comm_hook(self, model: nn.Module, state: Any, hook: Callable, path: str = "") -> None:
         """Register `hook` with `state` on the unit at `path` ("" is the root)."""
