@@ -26,9 +26,12 @@ from torch.distributed.tensor import DTensor
 
 
 def group_of(model) -> dist.ProcessGroup | None:
-    """The process group spanning the model's ranks: its DTensors' mesh, or the wrapper's
-    `process_group` (FSDP1, DDP); None when that is the default group."""
+    """The process group spanning the model's ranks: its DTensors' mesh, the mesh FSDP1 was built on
+    (HYBRID_SHARD's 2-D one: its `process_group` is one replica's shard group, and a save over it
+    had a coordinator per replica writing the same files), or the wrapper's `process_group` (FSDP1,
+    DDP); None when that is the default group."""
     mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    mesh = mesh if mesh is not None else getattr(model, "_device_mesh", None)
     if mesh is not None:
         if mesh.size() == dist.get_world_size():
             return None
