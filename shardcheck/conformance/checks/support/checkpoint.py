@@ -112,8 +112,7 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
     # A rank that fails in a phase fails the test (the harness stops the others); one that the
     # implementation refuses (Unsupported) tells the ranks outside the phase, which wait for it.
     refused = _refusal(save_phase)
-    state = [handed[0], refused]
-    _agree(ctx, state)
+    state = _agreed(ctx, (handed[0], refused))
 
     def load_phase():
         if second is None:
@@ -121,7 +120,7 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
         with second.seeded(1):  # not phase 1's initial values: the load must restore them
             model = workload.build().to(ctx.device)
         spec = spec_of(second_mesh)
-        ref = _continue_reference(second, state[0], model, spec, recipe)
+        ref = _continue_reference(second, state, model, spec, recipe)
         trainer = impl.trainer(model, spec, recipe)
         try:
             trainer.load(path)
@@ -134,7 +133,7 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
             if hasattr(trainer, "close"):
                 trainer.close()
 
-    _agree(ctx, [_refusal(load_phase)])
+    _agreed(ctx, (None, _refusal(load_phase)))
     return results
 
 
@@ -147,11 +146,16 @@ def _refusal(run_phase) -> str | None:
     return None
 
 
-def _agree(ctx, values: list) -> None:
-    """Rank 0's `values` on every rank of the test (its last: a phase's refusal, raised everywhere)."""
-    dist.broadcast_object_list(values, src=dist.get_global_rank(ctx.group, 0) if ctx.group else 0, group=ctx.group)
-    if values[-1] is not None:
-        raise Unsupported(values[-1])
+def _agreed(ctx, handed: tuple):
+    """Rank 0's (value, refusal) on every rank of the test, in one broadcast of one object (what the
+    ranks outside a phase wait in, also when an engine's bug sends them a collective of its own:
+    F57's hang); the value, or the refusal raised everywhere."""
+    box = [handed]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(ctx.group, 0) if ctx.group else 0, group=ctx.group)
+    value, refused = box[0]
+    if refused is not None:
+        raise Unsupported(refused)
+    return value
 
 
 def optimizer_state(ref: DataParallelReference) -> dict[str, torch.Tensor]:
