@@ -222,7 +222,10 @@ def test_simulate_finds_an_adapter_in_the_users_folder_as_run_does(tmp_path):
 
 def test_workers_without_pytest_xdist_is_one_line_before_any_cell(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "xdist", None)  # as in an environment without it (a release's)
-    assert cli.main(["run", *ONE_CELL, "--workers", "2", "-o", str(tmp_path / "r.json")]) == codes.USAGE
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", *ONE_CELL, "--workers", "2", "-o", str(tmp_path / "r.json")])
     captured = capsys.readouterr()
-    assert captured.err.strip() == "shardcheck: --workers 2 needs pytest-xdist (pip install pytest-xdist, or the test extra)"
+    assert exit_.value.code == codes.USAGE and captured.err.strip() == (
+        "shardcheck run: argument --workers: 2 workers need pytest-xdist (pip install pytest-xdist, "
+        "or the test extra) (--help lists the options)")
     assert not (tmp_path / "r.json").exists() and "passed" not in captured.out

@@ -118,9 +118,6 @@ def _run(args, passthrough: list[str]) -> int:
     if args.rank_timeout:
         argv += [f"--shardcheck-rank-timeout={args.rank_timeout:g}"]
     workers = workers_for(args, launch, passthrough) if args.workers == "auto" else args.workers
-    if workers and importlib.util.find_spec("xdist") is None:
-        print(f"shardcheck: --workers {workers} needs pytest-xdist (pip install pytest-xdist, or the test extra)", file=sys.stderr)
-        return codes.USAGE
     if workers:
         argv += ["-n", str(workers)]
     if args.launcher == "torchrun":  # re-run this command on ranks started by torchrun
@@ -217,11 +214,11 @@ def workers_for(args, launch, passthrough: list[str]) -> int:
 
 
 def _workers(text: str) -> str | int:
-    if text == "auto":
-        return text
-    if text.isdigit():
-        return int(text)
-    raise argparse.ArgumentTypeError(f"{text!r} is neither a number of workers nor 'auto'")
+    if text != "auto" and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of workers nor 'auto'")
+    if text not in ("auto", "0") and importlib.util.find_spec("xdist") is None:
+        raise argparse.ArgumentTypeError(f"{text} workers need pytest-xdist (pip install pytest-xdist, or the test extra)")
+    return text if text == "auto" else int(text)
 
 
 def _without_launcher(argv: list[str]) -> list[str]:
