@@ -205,9 +205,7 @@ def workers_for(args, launch, passthrough: list[str]) -> int:
     if (not several or args.launcher != "none" or launch is not None or args.backend == "nccl"
             or "no:xdist" in passthrough or any(a.startswith(("-n", "--numprocesses")) for a in passthrough)):
         return 0
-    try:
-        import xdist  # noqa: F401  (the test extra installs it)
-    except ImportError:
+    if importlib.util.find_spec("xdist") is None:  # the test extra installs it
         return 0
     one_per_impl = MAX_AUTO_WORKERS if "all" in impls else len(impls)
     return min(os.cpu_count() or 1, MAX_AUTO_WORKERS, one_per_impl)
