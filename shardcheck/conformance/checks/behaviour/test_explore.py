@@ -20,6 +20,7 @@ import pytest
 
 from shardcheck.conformance import explore as exploring
 from shardcheck.conformance.explore.config import to_json
+from shardcheck.conformance.protocol import Unsupported
 from shardcheck.harness.launcher import detect
 
 SEED = 0
@@ -54,7 +55,9 @@ def test_explore(request, impl):
                "known": {k: v["count"] for k, v in result.known.items()},
                "findings": [f.to_json() for f in result.findings]}
     request.node.user_properties.append(("explore", summary))
-    assert result.examples > result.unsupported, f"{impl.name}: every drawn configuration was unsupported"
+    if 0 < result.examples == result.unsupported:  # no verdict reached: unsupported, never a pass
+        raise Unsupported(f"{impl.name} refused every drawn configuration ({result.examples} of them) here")
+    assert result.examples > result.unsupported, f"{impl.name}: no configuration was drawn"
     assert result.ok, "\n".join(
         f"{impl.name}: new finding {f.signature}\n  config: {json.dumps(to_json(f.config), sort_keys=True)}\n"
         f"  reproduce: save the config as a finding file and run shardcheck explore --replay FILE, or "
