@@ -11,7 +11,6 @@ import pytest
 from shardcheck.conformance.adapters import every_builtin, load
 from shardcheck.conformance.expectations import manifest
 from shardcheck.conformance.protocol.capabilities import CAPABILITIES
-from shardcheck.conformance.report import reading
 
 import warm_python
 
@@ -63,27 +62,3 @@ def test_the_run_and_the_report_give_each_unsupported_cell_its_reason(tmp_path):
     report = json.loads(out.read_text())
     assert any(f"full_shard ({reason})" in str(text) for text in report["texts"])
 
-
-REFUSES_TO_SAVE = '''
-from shardcheck.conformance.adapters.reference import ReferenceAdapter
-from shardcheck.conformance.protocol import Unsupported
-
-class RefusesToSave(ReferenceAdapter):
-    name = "refuses-to-save"
-
-    def save_checkpoint(self, model, optimizer, scaler, path):
-        raise Unsupported("no checkpoints here")
-'''
-
-
-def test_a_refusal_on_the_ranks_of_one_phase_is_every_ranks_outcome(tmp_path):
-    """Resharding 2 -> 4 saves on ranks 0 and 1 while 2 and 3 wait: an adapter refusing the save
-    there makes the cell unsupported with its reason, not failed (ranks left waiting for it)."""
-    (tmp_path / "refusing.py").write_text(REFUSES_TO_SAVE)
-    proc = warm_python.run(["-m", "pytest", "-p", "no:cacheprovider", "-rA", "--pyargs",
-                            "shardcheck.conformance.checks.behaviour.test_checkpoint_reshard", "-k", "FULL_SHARD and 2to4",
-                            "--shardcheck-impl", "refusing:RefusesToSave", "--shardcheck-backend", "threaded",
-                            "--shardcheck-report", "r.json"], cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0 and "1 unsupported" in proc.stdout, proc.stdout + proc.stderr
-    [cell] = reading.load(tmp_path / "r.json")["cells"]
-    assert cell["outcome"] == "unsupported" and "no checkpoints here" in str(cell), cell
