@@ -45,12 +45,17 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _args(*impls, backend="gloo", launcher="none"):
-    return argparse.Namespace(impl=list(impls) or None, backend=backend, launcher=launcher)
+def _args(*impls, backend="gloo", launcher="none", **selection):
+    return argparse.Namespace(impl=list(impls) or None, backend=backend, launcher=launcher,
+                              **{"family": None, "world_sizes": None, "k": None, **selection})
 
 
 @pytest.mark.parametrize("args, passthrough, expected", [
-    (_args(), [], 0),                                    # one implementation: in this process
+    (_args(), [], cli.MAX_AUTO_WORKERS),                 # one implementation's whole matrix: a worker per core
+    (_args(family="clip_grad"), [], 0),                  # a selection of its cells: in this process
+    (_args(world_sizes=[2]), [], 0),
+    (_args("reference", k="NO_SHARD"), [], 0),
+    (_args("reference", "ddp", family="clip_grad"), [], 2),  # several implementations: workers all the same
     (_args("reference", "ddp"), [], 2),                  # several: a worker per core, at most one each
     (_args("reference", "ddp", "deepspeed"), [], 3),
     (_args("all"), [], cli.MAX_AUTO_WORKERS),

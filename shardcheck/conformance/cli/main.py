@@ -13,9 +13,8 @@ implementation and layer. Exit code (shardcheck/conformance/cli/exit_codes.py): 
 few api cells; CI should set it), 1 otherwise; 2 a bad option value; 3 an output path that cannot be
 written; 4 an unknown name; 5 no cell selected; 6 an adapter module that raised at import; 130
 interrupted (Ctrl-C, however many: its report says complete: false). Bad input is one line on
-stderr, checked before any cell runs, and leaves no file behind. Several
-implementations run on pytest-xdist workers, one per core (`--workers N` sets it, 0 for this
-process alone; one implementation runs in this process unless told).
+stderr, checked before any cell runs, and leaves no file behind. A whole matrix runs on pytest-xdist
+workers, one per core (`--workers N` sets it, 0 for this process alone; a selection runs here).
 
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
 
@@ -31,8 +30,9 @@ its size before and after.
     shardcheck simulate --impl NAME --world-size N --model PRESET
 
 the families x implementations table, the cells that regressed or got fixed between two reports
-(exit 1 on regressions, and when either report is incomplete), and the fake-process-group simulation of shard shapes, bytes and
-collectives at world sizes beyond the machine. `run --launcher torchrun` runs on torchrun's ranks.
+(exit 1 on regressions, and when either report is incomplete), and the fake-process-group
+simulation of shard shapes, bytes and collectives at world sizes beyond the machine.
+`run --launcher torchrun` runs on torchrun's ranks.
 
     shardcheck explore --impl NAME [--budget SECONDS] [--seed N]    (shardcheck/conformance/cli/explore.py)
 
@@ -90,8 +90,8 @@ def _run(args, passthrough: list[str]) -> int:
     # check would race with rank 0's lock on the stream, or unlink the file rank 0 just created).
     writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
     _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as `python -m` would
-    if note := releases.unjudged(releases.installed_torch(), args.impl or ["reference"]):  # runs all the same, saying so first
-        print(f"shardcheck: {note}", file=sys.stderr)
+    if note := releases.unjudged(releases.installed_torch(), args.impl or ["reference"]):
+        print(f"shardcheck: {note}", file=sys.stderr)  # runs all the same, saying so first
     refused = _unloadable(args.impl or [])
     if refused:
         return refused
@@ -155,10 +155,10 @@ def _run(args, passthrough: list[str]) -> int:
         for path in (out, reporting.stream_path(out)) if writes_report else ():
             path.unlink(missing_ok=True)  # a report of no cell says nothing
         for folder in made if writes_report else ():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # a folder someone else wrote into meanwhile stays
                 folder.rmdir()
-        print("shardcheck: no cell selected: --family, --world-sizes, -k and --impl left none "
-              "(no report written)", file=sys.stderr)
+        print("shardcheck: no cell selected: --family, --world-sizes, -k and --impl left none (no report written)",
+              file=sys.stderr)
         return codes.NO_CELL
     return progress.exit_code(code, args.min_coverage)
 
@@ -182,11 +182,9 @@ def _unloadable(impls: list[str]) -> int:
 def _importable_from_cwd() -> None:
     """The working folder first on the import path, here and in pytest-xdist's workers (PYTHONPATH):
     a console script, unlike `python -m`, does not put it there."""
-    cwd = os.getcwd()
-    if cwd not in sys.path:
+    if (cwd := os.getcwd()) not in sys.path:
         sys.path.insert(0, cwd)
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if cwd not in paths:
+    if cwd not in (paths := os.environ.get("PYTHONPATH", "").split(os.pathsep)):
         os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *filter(None, paths)])
 
 
@@ -194,20 +192,23 @@ MAX_AUTO_WORKERS = 4
 
 
 def workers_for(args, launch, passthrough: list[str]) -> int:
-    """`--workers auto`: with several implementations, one pytest-xdist worker per core (at most one
-    per implementation, at most MAX_AUTO_WORKERS): the cells of one implementation wait on gloo's
-    latency, which another implementation's cells fill (all six built-in implementations on 2
-    cores: 441 s in one process, 297 s on two workers). Otherwise 0, i.e. in this process: one
-    implementation (workers would each start their own pools and reference recordings), a launcher's
-    ranks, nccl (`-- -n gpus` leases the GPUs), `-n` given after `--`, or no pytest-xdist."""
+    """`--workers auto`: one pytest-xdist worker per core (at most MAX_AUTO_WORKERS; with several
+    implementations at most one each) for several implementations or one's whole matrix: cells at
+    world size 1, or waiting on gloo, leave a core idle that another worker fills (2 cores: the six
+    built-in implementations 441 s -> 297 s; the reference's 583 cells 56-59 s -> 47-49 s). Else 0
+    (in this process): a selection of one implementation's cells (--family, --world-sizes, -k: the
+    workers' start-up outweighs them), a launcher's ranks, nccl (`-- -n gpus` leases the GPUs), `-n`
+    after `--`, or no pytest-xdist."""
     impls = args.impl or ["reference"]
     several = len(impls) > 1 or "all" in impls
-    if (not several or args.launcher != "none" or launch is not None or args.backend == "nccl"
-            or "no:xdist" in passthrough or any(a.startswith(("-n", "--numprocesses")) for a in passthrough)):
+    selection = any(getattr(args, name, None) for name in ("family", "world_sizes", "k"))
+    if ((not several and selection) or args.launcher != "none" or launch is not None
+            or args.backend == "nccl" or "no:xdist" in passthrough
+            or any(a.startswith(("-n", "--numprocesses")) for a in passthrough)):
         return 0
     if importlib.util.find_spec("xdist") is None:  # the test extra installs it
         return 0
-    one_per_impl = MAX_AUTO_WORKERS if "all" in impls else len(impls)
+    one_per_impl = MAX_AUTO_WORKERS if "all" in impls or not several else len(impls)
     return min(os.cpu_count() or 1, MAX_AUTO_WORKERS, one_per_impl)
 
 
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                           "/ cells collected, all layers) is below PCT percent (default 0: off)")
     run.add_argument("--workers", type=_workers, default="auto", metavar="N|auto",
                      help="pytest-xdist workers; 0: in this process; auto (default): one per core (at most "
-                          f"{MAX_AUTO_WORKERS}) when several implementations run, else 0")
+                          f"{MAX_AUTO_WORKERS}) for several implementations or a whole matrix, else 0")
     run.add_argument("--launcher", choices=("none", "torchrun"), default="none",
                      help="torchrun: run the matrix on ranks started by torchrun --standalone "
                           "(multi-node: start `torchrun ... -m shardcheck.conformance.cli run` yourself)")
