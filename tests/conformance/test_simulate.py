@@ -116,3 +116,30 @@ def test_torch_fsdp2_sharding_at_init_matches_torch_chunk():
     ranks = len(report["target"]["ranks"])
     assert report["summary"] == {"passed": 2 * ranks + 2, "failed": 0}, runner.human_summary(report)
     assert report["step_ranks"] == [0]
+
+
+@pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")  # the older names also run on torch 2.9
+def test_the_fake_world_issues_gathers_without_moving_bytes():
+    """At 16,384 ranks torch's fake group would copy the input into every chunk of an all-gather's
+    output; the fake world answers all-gathers and reduce-scatters into a tensor at the dispatcher
+    instead: the output keeps what it held, and the collective is still counted, whole."""
+    import torch.distributed as dist
+
+    from shardcheck.conformance.measure.traffic import CollectiveCounter
+    from shardcheck.conformance.simulate.fake_group import fake_world
+
+    world = 16384
+    with fake_world(3, world), CollectiveCounter() as counter:
+        gathered = torch.full((world * 4,), -1.0)
+        dist.all_gather_into_tensor(gathered, torch.ones(4))
+        shard = torch.full((4,), -2.0)
+        dist.reduce_scatter_tensor(shard, torch.ones(world * 4))
+        summed = torch.ones(2)
+        dist.all_reduce(summed)
+        objects = [None] * world
+        dist.all_gather_object(objects, {"rank": 3})  # list outputs: filled, as torch's fake group
+    assert torch.equal(gathered, torch.full((world * 4,), -1.0)) and torch.equal(shard, torch.full((4,), -2.0))
+    assert objects[0] == objects[-1] == {"rank": 3}
+    kinds = counter.by_kind(describe=len)
+    assert kinds["all_gather"]["count"] >= 1 and kinds["reduce_scatter"] == {"count": 1, "bytes": world * 16, "groups": [world]}
+    assert any(c.kind == "all_gather" and c.volume == world * 16 and len(c.ranks) == world for c in counter.calls)

@@ -4,8 +4,15 @@ torch ships the fake backend in C++ (``torch._C._distributed_c10d.FakeProcessGro
 ``"fake"`` among ``dist.Backend``'s names, but only torch's private testing helpers (``fake_pg``)
 register its creator.  We register the same creator through the public
 ``dist.Backend.register_backend`` (if nobody did yet) and use a plain ``dist.HashStore``.  Every
-collective on the fake group returns at once and leaves its output untouched: shapes, dtypes and
-call sequences are real, data is meaningless.
+collective on the fake group returns at once: shapes, dtypes and call sequences are real, data is
+meaningless.
+
+The fake group still fills its outputs: an all-gather copies its input into each of the N chunks
+of its output, a reduce-scatter copies chunk ``r`` of its input; at N = 16,384 that is 16,384
+copies per all-gather and every gathered byte written. ``SilentCollectives`` answers those two
+(tensor in, tensor out) at the dispatcher instead, leaving the output as it was: the collective is
+still issued and seen by every dispatch mode entered later (shardcheck/conformance/measure counts
+it there, with its sizes and group), only no byte moves.
 """
 from __future__ import annotations
 
@@ -13,7 +20,14 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import FakeProcessGroup
+import torch
+from torch._C._distributed_c10d import FakeProcessGroup, _create_work_from_future
+from torch.futures import Future
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# c10d ops (tensor output, tensor input) whose output the fake group would fill, -> what they return
+_SILENCED = {"_allgather_base_": "output_and_work", "_reduce_scatter_base_": "output_and_work",
+             "allgather_into_tensor_coalesced_": "work", "reduce_scatter_tensor_coalesced_": "work"}
 
 
 def _create_fake_backend(common_opts, backend_opts):
@@ -26,6 +40,24 @@ def register_fake_backend() -> None:
                                       devices=["cpu", "cuda", "meta"])
 
 
+def _finished_work():
+    future = Future()
+    future.set_result(None)
+    return _create_work_from_future(future).boxed()  # the op schema's Work (a torchbind object)
+
+
+class SilentCollectives(TorchDispatchMode):
+    """All-gathers and reduce-scatters into a tensor return at once with their output untouched."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        returns = _SILENCED.get(func._schema.name.split("::")[-1]) if func.namespace == "c10d" else None
+        if returns == "output_and_work":
+            return args[0], _finished_work()
+        if returns == "work":
+            return _finished_work()
+        return func(*args, **(kwargs or {}))
+
+
 @contextmanager
 def fake_world(rank: int, world_size: int) -> Iterator[None]:
     """The default process group is a fake group of ``world_size`` in which we are ``rank``."""
@@ -36,6 +68,7 @@ def fake_world(rank: int, world_size: int) -> Iterator[None]:
     register_fake_backend()
     dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=world_size)
     try:
-        yield
+        with SilentCollectives():
+            yield
     finally:
         dist.destroy_process_group()
