@@ -45,10 +45,13 @@ def pin_to_one_cpu(rank: int) -> None:
     those started later, which inherit the mask) on CPU ``allowed[rank % len(allowed)]``.
 
     A gloo collective is a chain of small messages, each waking the receiver's I/O thread and then
-    the thread waiting in the collective; with ranks free to float, those wake-ups bounce between
-    cores and queue behind other ranks. Pinned, the reference matrix's clip_grad and train_parity
-    families at world size 4 on 2 cores took 33 s instead of 61 s, at world size 2 18 s instead of
-    23 s (`python -m shardcheck.conformance.bench` measures the whole matrix). SHARDCHECK_PIN_RANKS=0 turns it off.
+    the thread waiting in the collective; with more ranks than cores, free to float, those wake-ups
+    bounce between cores and queue behind other ranks. Pinned, the reference matrix's clip_grad and
+    train_parity families at world size 4 on 2 cores took 33 s instead of 61 s
+    (`python -m shardcheck.conformance.bench` measures the whole matrix). A world of 2 is left free:
+    an all-reduce of 10 floats took 0.74 ms and 474 us of CPU per rank unpinned against 1.34 ms and
+    844 us pinned (`python -m shardcheck.harness.collective_bench`), and the gloo checks 3 s and 6 CPU-s
+    less. SHARDCHECK_PIN_RANKS=0 turns pinning off.
     """
     if not hasattr(os, "sched_setaffinity"):  # not Linux
         return
@@ -115,7 +118,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=pg_timeout_s), **kwargs)
-    if backend == "gloo" and os.environ.get("SHARDCHECK_PIN_RANKS", "1") != "0":
+    if backend == "gloo" and world_size > 2 and os.environ.get("SHARDCHECK_PIN_RANKS", "1") != "0":
         pin_to_one_cpu(rank)
     # What every test finds, whatever the one before changed (shardcheck.harness.isolation)
     ledger = CollectiveLedger()  # its wrappers are part of the baseline
