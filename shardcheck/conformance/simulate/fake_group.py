@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch.distributed as dist
-import torch
 from torch._C._distributed_c10d import FakeProcessGroup, _create_work_from_future
 from torch.futures import Future
 from torch.utils._python_dispatch import TorchDispatchMode
