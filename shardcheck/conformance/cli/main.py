@@ -201,7 +201,7 @@ def workers_for(args, launch, passthrough: list[str]) -> int:
     after `--`, or no pytest-xdist."""
     impls = args.impl or ["reference"]
     several = len(impls) > 1 or "all" in impls
-    selection = any(getattr(args, name, None) for name in ("family", "world_sizes", "k"))
+    selection = args.family or args.world_sizes or args.k
     if ((not several and selection) or args.launcher != "none" or launch is not None
             or args.backend == "nccl" or "no:xdist" in passthrough
             or any(a.startswith(("-n", "--numprocesses")) for a in passthrough)):
