@@ -20,20 +20,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from shardcheck.harness.worker import pin_threads, pin_to_one_cpu
+
 PLACEMENTS = ("one CPU each", "one CPU for all", "unpinned")
-
-
-def _cpu(placement: str, rank: int) -> set[int] | None:
-    allowed = sorted(os.sched_getaffinity(0))
-    return {"one CPU each": {allowed[rank % len(allowed)]}, "one CPU for all": {allowed[0]}}.get(placement)
 
 
 def _rank(rank: int, world_size: int, store_path: str, placement: str, calls: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
-    if (cpu := _cpu(placement, rank)) is not None:
-        for tid in os.listdir("/proc/self/task"):  # gloo's threads too, as pool ranks are pinned
-            os.sched_setaffinity(int(tid), cpu)
+    if placement == "one CPU each":  # as pool ranks are pinned, gloo's threads with them
+        pin_to_one_cpu(rank)
+    elif placement == "one CPU for all":
+        pin_threads({min(os.sched_getaffinity(0))})
     tensor = torch.ones(10)
     for _ in range(20):  # warm-up: connections, first-call paths
         dist.all_reduce(tensor)

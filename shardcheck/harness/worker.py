@@ -53,13 +53,16 @@ def pin_to_one_cpu(rank: int) -> None:
     844 us pinned (`python -m shardcheck.harness.collective_bench`), and the gloo checks 3 s and 6 CPU-s
     less. SHARDCHECK_PIN_RANKS=0 turns pinning off.
     """
-    if not hasattr(os, "sched_setaffinity"):  # not Linux
-        return
-    allowed = sorted(os.sched_getaffinity(0))
-    cpu = {allowed[rank % len(allowed)]}
+    if hasattr(os, "sched_setaffinity"):  # Linux
+        allowed = sorted(os.sched_getaffinity(0))
+        pin_threads({allowed[rank % len(allowed)]})
+
+
+def pin_threads(cpus: set[int]) -> None:
+    """Every thread of this process, and those it starts later (they inherit the mask), on `cpus`."""
     for tid in os.listdir("/proc/self/task"):
         try:
-            os.sched_setaffinity(int(tid), cpu)
+            os.sched_setaffinity(int(tid), cpus)
         except OSError:
             pass  # a thread that just ended
 
