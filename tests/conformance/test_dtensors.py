@@ -45,3 +45,30 @@ def test_full_tensors_equal_full_tensor(ctx):
             assert torch.equal(got[name], dt[name].full_tensor()), name
     got["even"].add_(1)  # a copy, never a view of the DTensor's local data
     assert torch.equal(dt["even"].full_tensor(), values["even"])
+
+
+@distributed(world_size=[2, 3])
+def test_a_wrapper_subclass_is_read_through_its_inner_tensors(ctx):
+    """A TwoTensor DTensor comes back a TwoTensor of plain, finished tensors, gathered with the plain
+    ones (one all-gather): `full_tensor()` would return its components still in flight (F67)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import DTensor
+
+    from shardcheck.conformance.checks.support.subclasses import TwoTensor
+
+    with ctx.seeded(0):
+        a, b, plain = torch.randn(5, 3), torch.randn(5, 3), torch.randn(4, 2)
+    mesh = ctx.mesh()
+    rows = [r.clone() for r in a.chunk(ctx.world_size)], [r.clone() for r in b.chunk(ctx.world_size)]
+    local = TwoTensor(*(r[ctx.rank] if ctx.rank < len(r) else r[0].new_empty(0, 3) for r in rows))
+    two = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=a.shape, stride=a.stride())
+    dt = {"two": two, "plain": distribute_tensor(plain, mesh, [Shard(0)])}
+    with CommDebugMode() as comms:
+        got = full_tensors(dt)
+    assert ctx.is_threaded or sum(comms.get_comm_counts().values()) == 1, comms.get_comm_counts()
+    assert type(got["two"]) is TwoTensor and got["two"].shape == a.shape
+    for part, want in (("a", a), ("b", b)):
+        value = getattr(got["two"], part)
+        assert type(value) is torch.Tensor and not isinstance(value, AsyncCollectiveTensor), type(value)
+        assert torch.equal(value, want), part
+    assert torch.equal(got["plain"], plain)

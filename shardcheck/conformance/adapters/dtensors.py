@@ -6,7 +6,11 @@ milliseconds whatever its size. `full_tensors` gathers every DTensor laid out as
 parameters (each mesh dimension `Replicate()` or `Shard(0)`, at most one `Shard(0)`) in one
 all-gather per (shard group, dtype): this rank's rows of each tensor, padded to the chunk size
 ``c = ceil(n / S)``, concatenated; rank ``i`` of the ``S`` ranks holds rows ``[i*c, min((i+1)*c, n))``
-(`torch.chunk`'s split, which `Shard(0)` uses). Any other layout is read with `full_tensor()`.
+(`torch.chunk`'s split, which `Shard(0)` uses). A wrapper subclass whose inner tensors all have
+its shape (TwoTensor) is read as its inner tensors, each gathered so, then rebuilt with
+`__tensor_unflatten__`: `full_tensor()` of such a DTensor returns with its components' all-gathers
+still in flight, and on gloo two functional collectives in flight at once can corrupt the heap (F67).
+Any other layout or subclass (NF4, float8: their own all-gather) is read with `full_tensor()`.
 Collective: every rank calls it with the same names, layouts and dtypes.
 """
 
@@ -24,26 +28,39 @@ from shardcheck.compat import all_gather_single
 
 def full_tensors(tensors: dict) -> dict:
     """``{name: detached copy of the whole value}`` for a dict of tensors, DTensors or None."""
-    out, groups = {}, {}
+    out, groups, wrappers = {}, {}, {}
     for name, t in tensors.items():
         dim = _shard_dim(t)
-        if dim is None and t is not None:
+        parts = _row_parts(t.to_local()) if dim is not None else None
+        if parts is None and t is not None:
             full = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
             out[name] = full if is_traceable_wrapper_subclass(full) else full.clone()  # NF4 re-quantizes on clone
-        elif dim is None:
+        elif parts is None:
             out[name] = None
         else:
-            group = t.device_mesh.get_group(dim)
-            groups.setdefault((group, t.dtype, t.device), []).append((name, t, t.device_mesh.get_local_rank(dim)))
+            group, index = t.device_mesh.get_group(dim), t.device_mesh.get_local_rank(dim)
+            for key, local in parts.items():
+                groups.setdefault((group, local.dtype, t.device), []).append(((name, key), local, t.shape, index))
+            if is_traceable_wrapper_subclass(t.to_local()):
+                wrappers[name] = t.to_local()
+    rows = {}
     for (group, dtype, device), members in groups.items():
-        out.update(_gather_rows(group, dtype, device, members))
+        rows.update(_gather_rows(group, dtype, device, members))
+    for (name, key), full in rows.items():
+        if key is None:
+            out[name] = full
+    for name, local in wrappers.items():
+        keys, meta = local.__tensor_flatten__()
+        inner = {key: rows[(name, key)] for key in keys}
+        some = inner[keys[0]]
+        out[name] = type(local).__tensor_unflatten__(inner, meta, some.shape, some.stride())
     return {name: out[name] for name in tensors}
 
 
 def _shard_dim(t) -> int | None:
     """The mesh dimension a DTensor is row-sharded on, if its layout is FSDP's; else None."""
-    if not isinstance(t, DTensor) or t.numel() == 0 or is_traceable_wrapper_subclass(t.to_local()):
-        return None  # empty, or a tensor subclass inside (NF4, float8: its own all-gather): full_tensor()
+    if not isinstance(t, DTensor) or t.numel() == 0:
+        return None  # empty: full_tensor()
     placements = t.placements
     if not all(type(p) in (Replicate, Shard) for p in placements):  # _StridedShard, Partial: not here
         return None
@@ -53,23 +70,35 @@ def _shard_dim(t) -> int | None:
     return sharded[0]
 
 
+def _row_parts(local: torch.Tensor) -> dict | None:
+    """What to gather row by row for one local shard: ``{None: local}`` for a plain tensor, ``{inner
+    name: inner tensor}`` for a wrapper subclass whose inner tensors are plain and of its shape, None
+    for any other subclass (its rows are not its inner tensors' rows)."""
+    if not is_traceable_wrapper_subclass(local):
+        return {None: local}
+    inner = {key: getattr(local, key) for key in local.__tensor_flatten__()[0]}
+    if all(type(x) is torch.Tensor and x.shape == local.shape for x in inner.values()):
+        return inner
+    return None
+
+
 def _gather_rows(group, dtype, device, members) -> dict:
-    """``{name: full tensor}`` for ``members`` ((name, DTensor, this rank's index on the shard
-    dimension)) of one shard group and dtype: the layout of the module docstring, one all-gather.
+    """``{key: full tensor}`` for ``members`` ((key, local rows, full shape, this rank's index on the
+    shard dimension)) of one shard group and dtype: the layout of the module docstring, one all-gather.
     Written apart from reference_impl's own gathers on purpose: a candidate's state is not read
     through the yardstick's code."""
     size = dist.get_world_size(group)
     parts, layouts = [], []
-    for name, t, index in members:
-        rows, row_numel = t.shape[0], math.prod(t.shape[1:])
+    for name, local, shape, index in members:
+        rows, row_numel = shape[0], math.prod(shape[1:])
         chunk = math.ceil(rows / size)
-        local = t.to_local().detach().reshape(-1, row_numel)
+        local = local.detach().reshape(-1, row_numel)
         expected = max(0, min(chunk, rows - index * chunk))
         if local.shape[0] != expected:
-            raise AssertionError(f"{name}: {local.shape[0]} local rows, Shard(0) of {rows} rows over {size} "
+            raise AssertionError(f"{'.'.join(k for k in name if k)}: {local.shape[0]} local rows, Shard(0) of {rows} rows over {size} "
                                  f"ranks gives rank {index} {expected}")
         parts += [local.to(device).reshape(-1), local.new_zeros((chunk - expected) * row_numel, device=device)]
-        layouts.append((name, t.shape, chunk))
+        layouts.append((name, shape, chunk))
     flat = torch.cat(parts)
     gathered = torch.empty(size * flat.numel(), dtype=dtype, device=device)
     all_gather_single(gathered, flat, group=group)
