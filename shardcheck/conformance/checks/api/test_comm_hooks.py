@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from shardcheck.compat import reduce_scatter_single
 from shardcheck.conformance.protocol import MixedPrecision, ShardSpec
 from shardcheck.conformance.checks.support.comm_hooks import plant_comm_hook
 from shardcheck.conformance.checks.support.compare import assert_close
@@ -205,7 +206,7 @@ def counting_hook(state: CountingState, grad: torch.Tensor, output: torch.Tensor
         dist.all_reduce(grad, group=state.process_group)
         grad.mul_(state.factor / ws)
     else:
-        dist.reduce_scatter_tensor(output, grad, group=state.process_group)
+        reduce_scatter_single(output, grad, group=state.process_group)
         output.mul_(state.factor / ws)
 
 
