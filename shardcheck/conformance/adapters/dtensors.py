@@ -89,19 +89,20 @@ def _gather_rows(group, dtype, device, members) -> dict:
     through the yardstick's code."""
     size = dist.get_world_size(group)
     parts, layouts = [], []
-    for name, local, shape, index in members:
+    for key, local, shape, index in members:
         rows, row_numel = shape[0], math.prod(shape[1:])
         chunk = math.ceil(rows / size)
         local = local.detach().reshape(-1, row_numel)
         expected = max(0, min(chunk, rows - index * chunk))
         if local.shape[0] != expected:
-            raise AssertionError(f"{'.'.join(k for k in name if k)}: {local.shape[0]} local rows, Shard(0) of {rows} rows over {size} "
+            label = ".".join(k for k in key if k)  # the DTensor's name, and its inner tensor's
+            raise AssertionError(f"{label}: {local.shape[0]} local rows, Shard(0) of {rows} rows over {size} "
                                  f"ranks gives rank {index} {expected}")
         parts += [local.to(device).reshape(-1), local.new_zeros((chunk - expected) * row_numel, device=device)]
-        layouts.append((name, shape, chunk))
+        layouts.append((key, shape, chunk))
     flat = torch.cat(parts)
     gathered = torch.empty(size * flat.numel(), dtype=dtype, device=device)
     all_gather_single(gathered, flat, group=group)
     blocks = gathered.view(size, -1).split([chunk * math.prod(shape[1:]) for _, shape, chunk in layouts], dim=1)
-    return {name: block.reshape(size * chunk, *shape[1:])[: shape[0]].clone()
-            for (name, shape, chunk), block in zip(layouts, blocks)}
+    return {key: block.reshape(size * chunk, *shape[1:])[: shape[0]].clone()
+            for (key, shape, chunk), block in zip(layouts, blocks)}
