@@ -31,7 +31,8 @@ def full_tensors(tensors: dict) -> dict:
     out, groups, wrappers = {}, {}, {}
     for name, t in tensors.items():
         dim = _shard_dim(t)
-        parts = _row_parts(t.to_local()) if dim is not None else None
+        local = t.to_local() if dim is not None else None
+        parts = _row_parts(local) if dim is not None else None
         if parts is None and t is not None:
             full = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
             out[name] = full if is_traceable_wrapper_subclass(full) else full.clone()  # NF4 re-quantizes on clone
@@ -39,10 +40,10 @@ def full_tensors(tensors: dict) -> dict:
             out[name] = None
         else:
             group, index = t.device_mesh.get_group(dim), t.device_mesh.get_local_rank(dim)
-            for key, local in parts.items():
-                groups.setdefault((group, local.dtype, t.device), []).append(((name, key), local, t.shape, index))
-            if is_traceable_wrapper_subclass(t.to_local()):
-                wrappers[name] = t.to_local()
+            for key, part in parts.items():
+                groups.setdefault((group, part.dtype, t.device), []).append(((name, key), part, t.shape, index))
+            if is_traceable_wrapper_subclass(local):
+                wrappers[name] = local
     rows = {}
     for (group, dtype, device), members in groups.items():
         rows.update(_gather_rows(group, dtype, device, members))
