@@ -51,7 +51,10 @@ def pin_to_one_cpu(rank: int) -> None:
     (`python -m shardcheck.conformance.bench` measures the whole matrix). A world of 2 is left free:
     an all-reduce of 10 floats took 0.74 ms and 474 us of CPU per rank unpinned against 1.34 ms and
     844 us pinned (`python -m shardcheck.harness.collective_bench`), and the gloo checks 3 s and 6 CPU-s
-    less. SHARDCHECK_PIN_RANKS=0 turns pinning off.
+    less. Unpinned ranks also meet torch's races more often: F67 (gloo's functional all-gathers in
+    flight together corrupting the heap) aborted FSDP2's TwoTensor cells 2 times in 43 unpinned runs,
+    0 in 40 pinned, until the adapters stopped reading through that path. SHARDCHECK_PIN_RANKS=0 turns
+    pinning off.
     """
     if hasattr(os, "sched_setaffinity"):  # Linux
         allowed = sorted(os.sched_getaffinity(0))
