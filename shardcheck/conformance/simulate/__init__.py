@@ -1,6 +1,7 @@
-"""`shardcheck simulate`: check sharding at world sizes far beyond the machine, in one process.
+"""`shardcheck simulate`: check sharding at world sizes far beyond the machine, on one machine.
 
-Rank ``r`` of ``N`` is played by initialising torch's fake process group (collectives return at
+Rank ``r`` of ``N`` is played by a process of its own (``processes``: forked, as many side by side
+as there are CPUs and memory) initialising torch's fake process group (collectives return at
 once, data is meaningless) with that rank; the model is built on the meta device.  The world is
 1-D (FULL_SHARD) or a 2-D ``R x S`` (replicate, shard) mesh (HYBRID_SHARD: split over the ``S``
 ranks of a shard group, replicated over ``R``).  Checked: the shard shape and padding of every

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     from .options import LAYOUT_CHECKED, PRESETS, STEP_MODES
 
     p = sub.add_parser("simulate", help="check shard shapes, bytes per rank and collectives at a large "
-                                        "world size, in one process (fake process group, meta tensors)")
+                                        "world size, on this machine (fake process group, meta tensors; a process per simulated rank)")
     p.add_argument("--impl", default="reference",
                    help=f"any registered implementation (default reference); {', '.join(LAYOUT_CHECKED)} are also "
                         "checked parameter by parameter")

@@ -19,6 +19,7 @@ from .fake_group import fake_world
 from .impls import simulator
 from .options import STEP_MODES
 from .presets import build
+from .processes import each_in_own_process, parallel_jobs
 
 
 def _mesh(world_size: int, mesh) -> Mesh:
@@ -74,9 +75,20 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, step: 
                    "storage_bytes": sum(r["storage_bytes"] for r in measured),
                    "bound_bytes": sum(e["bound_bytes"] for e in expected)},
         "collectives": collectives, "expected_collectives": expected_collectives, "cells": cells,
+        "max_rss_mib": round(max_rss_mib(), 1),
     }
 
 
+def _each_rank(calls: list[tuple], model: str) -> list[dict]:
+    """`simulate_rank(*call)` for each call, each rank in a process of its own, side by side (as many
+    as there are CPUs and as the available memory holds at the model's parameter bytes each); the
+    first rank that raised raises here."""
+    parameter_bytes = sum(t.numel() * 4 for t in build(model).parameters())  # on meta: arithmetic
+    results = each_in_own_process(simulate_rank, calls, parallel_jobs(len(calls), parameter_bytes))
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
 def _step_ranks(step: str, ranks: list[int], classes, mesh: Mesh) -> list[int]:
@@ -116,7 +128,7 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
         if not 0 <= r < world_size:
             raise ValueError(f"rank {r} is outside world size {world_size}")
     stepped = set(_step_ranks(step, ranks, classes, mesh))
-    per_rank = [simulate_rank(impl, world_size, model, r, r in stepped, mesh) for r in ranks]
+    per_rank = _each_rank([(impl, world_size, model, r, r in stepped, mesh) for r in ranks], model)
     cells = [c for r in per_rank for c in r["cells"]]
     covered = {i for r in ranks for i, (a, b) in enumerate(classes) if a <= mesh.coords(r)[1] < b}
     if len(covered) == len(classes):
@@ -135,7 +147,8 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
         "cells": cells,
         "summary": {"passed": sum(c["outcome"] == "passed" for c in cells),
                     "failed": sum(c["outcome"] == "failed" for c in cells)},
-        "resources": {"seconds": round(time.perf_counter() - start, 2), "max_rss_mib": round(max_rss_mib(), 1)},
+        "resources": {"seconds": round(time.perf_counter() - start, 2),
+                      "max_rss_mib": max([round(max_rss_mib(), 1)] + [r["max_rss_mib"] for r in per_rank])},
     }
 
 

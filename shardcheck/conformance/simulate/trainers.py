@@ -14,9 +14,7 @@ counting at the presets' few tokens.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import multiprocessing
 import os
 import time
 
@@ -30,6 +28,7 @@ from shardcheck.conformance.protocol.capabilities import of_strategy
 from .expected import Mesh
 from .fake_group import fake_world
 from .presets import build
+from .processes import each_in_own_process, parallel_jobs
 from .runner import max_rss_mib, size
 
 
@@ -127,12 +126,13 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
             raise ValueError(f"rank {r} is outside world size {world_size}")
     started = time.perf_counter()
     per_rank, cells = [], []
-    for r in ranks:
-        try:
-            result = _in_own_process(simulate_rank, impl, world_size, model_name, r, mesh)
-        except Exception as exc:  # the engine could not train this rank on the fake group: say so
+    for r, result in zip(ranks, _each_rank(impl, world_size, model_name, ranks, mesh)):
+        if isinstance(result, BaseException):
+            if not isinstance(result, Exception):
+                raise result  # KeyboardInterrupt, SystemExit: the command stops
+            # the engine could not train this rank on the fake group: say so
             cells.append({"check": "footprint", "rank": r, "outcome": "error",
-                          "detail": [f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"]})
+                          "detail": [f"{type(result).__name__}: {(str(result).strip().splitlines() or [''])[0]}"]})
             continue
         per_rank.append(result)
         cells.append({"check": "footprint", "rank": r, "outcome": "failed" if result["failures"] else "passed",
@@ -151,13 +151,14 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
     }
 
 
-def _in_own_process(fn, *args):
-    """`fn(*args)` in a forked child: engines keep process-global state (DeepSpeed's groups,
-    Megatron-FSDP's buffers) that one rank's world must not leave to the next, and a rank's memory
-    goes back when it ends."""
-    context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as child:
-        return child.submit(fn, *args).result()
+def _each_rank(impl: str, world_size: int, model_name: str, ranks: list[int], mesh) -> list:
+    """`simulate_rank` of each rank in a process of its own (engines keep process-global state that
+    one rank's world must not leave to the next), side by side: as many as there are CPUs and as the
+    available memory holds at the model's bytes per rank (twice that for an engine built whole)."""
+    whole = "meta_init" not in adapters.load(impl).capabilities
+    parameter_bytes = sum(t.numel() * 4 for t in build(model_name).parameters())  # on meta: arithmetic
+    jobs = parallel_jobs(len(ranks), parameter_bytes * (2 if whole else 1))
+    return each_in_own_process(simulate_rank, [(impl, world_size, model_name, r, mesh) for r in ranks], jobs)
 
 
 def _held(figures: dict) -> str:

@@ -1,0 +1,100 @@
+"""Simulated ranks, each in a forked process of its own, several at a time.
+
+A simulated rank keeps process-global state (the fake default group; DeepSpeed's groups,
+Megatron-FSDP's buffers) that the next rank's world must not inherit, and its memory must go back
+when it ends: so each runs in a child forked for it alone. The children are independent, so they
+run side by side: as many at a time as this process may use CPUs, and no more than the machine's
+available memory holds at ``bytes_per_rank`` each (the caller's estimate: a rank's largest
+resident set is measured, not known, before it runs).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import traceback
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
+
+
+class RankProcessDied(RuntimeError):
+    """A simulated rank's process ended without a result (killed, out of memory, a C++ abort)."""
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def parallel_jobs(calls: int, bytes_per_rank: int) -> int:
+    """How many ranks run at once: ``min(calls, CPUs, available memory // bytes_per_rank)``, at least 1."""
+    cpus = _cpus()
+    memory = available_memory_bytes()
+    by_memory = memory // max(bytes_per_rank, 1) if memory is not None else 1
+    return max(1, min(calls, cpus, by_memory))
+
+
+def _child(send, threads: int | None, fn: Callable, args: tuple) -> None:
+    if threads is not None:  # the CPUs shared among the children running at once, not each all of them
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
+        else:
+            os.environ["OMP_NUM_THREADS"] = str(threads)  # read when torch is imported
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 -- it travels to the parent, which decides
+        exc.__notes__ = [*getattr(exc, "__notes__", []), traceback.format_exc()]
+        result = exc
+    try:
+        send.send(result)
+    except Exception as exc:  # an unpicklable result or exception: say what it was
+        send.send(RuntimeError(f"{type(exc).__name__}: {exc}: {result!r}"[:2000]))
+    send.close()
+
+
+def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int) -> list[Any]:
+    """``[fn(*args) for args in calls]``, each call in a forked child, ``jobs`` children at a time.
+    A call that raised gives its exception in its place (with the child's traceback in
+    ``__notes__``); one whose process died without answering gives :class:`RankProcessDied`."""
+    context = multiprocessing.get_context("fork")
+    jobs = max(jobs, 1)
+    threads = max(1, _cpus() // jobs) if jobs > 1 else None
+    results: list[Any] = [None] * len(calls)
+    waiting = list(enumerate(calls))
+    running: dict = {}  # receiving end -> (index, process)
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                index, args = waiting.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_child, args=(send, threads, fn, args))
+                process.start()
+                send.close()
+                running[receive] = (index, process)
+            for receive in wait(list(running)):
+                index, process = running.pop(receive)
+                try:
+                    results[index] = receive.recv()
+                except EOFError:
+                    process.join()
+                    results[index] = RankProcessDied(f"the process simulating call {index} ended with exit code "
+                                                     f"{process.exitcode} and no result")
+                receive.close()
+                process.join()
+    finally:  # interrupted (Ctrl-C) or failed here: no simulated rank outlives the command
+        for receive, (_, process) in running.items():
+            process.kill()
+            process.join()
+            receive.close()
+    return results
