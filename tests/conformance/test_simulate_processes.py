@@ -70,3 +70,10 @@ def test_jobs_are_bounded_by_cpus_calls_and_available_memory(monkeypatch, memory
     assert parallel_jobs(calls=2, bytes_per_rank=2 * 2**30) == expected
     if memory:
         assert parallel_jobs(calls=8, bytes_per_rank=1) == 4  # no more than the CPUs
+
+
+def test_progress_names_each_rank_as_it_ends(capsys):
+    each_in_own_process(_raise_for, [(1,), (2,)], jobs=1, on_done=processes.progress([0, 4095]))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("shardcheck simulate: rank 0 done in ") and lines[0].endswith("(1 of 2)")
+    assert lines[1].startswith("shardcheck simulate: rank 4095 could not run (ValueError) in "), lines

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
@@ -63,16 +64,18 @@ def _child(send, threads: int | None, fn: Callable, args: tuple) -> None:
     send.close()
 
 
-def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int) -> list[Any]:
+def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int,
+                        on_done: Callable[[int, Any, float], None] | None = None) -> list[Any]:
     """``[fn(*args) for args in calls]``, each call in a forked child, ``jobs`` children at a time.
     A call that raised gives its exception in its place (with the child's traceback in
-    ``__notes__``); one whose process died without answering gives :class:`RankProcessDied`."""
+    ``__notes__``); one whose process died without answering gives :class:`RankProcessDied`.
+    ``on_done(index, result, seconds)`` hears of each call as it ends (progress on long runs)."""
     context = multiprocessing.get_context("fork")
     jobs = max(jobs, 1)
     threads = max(1, _cpus() // jobs) if jobs > 1 else None
     results: list[Any] = [None] * len(calls)
     waiting = list(enumerate(calls))
-    running: dict = {}  # receiving end -> (index, process)
+    running: dict = {}  # receiving end -> (index, process, when it started)
     try:
         while waiting or running:
             while waiting and len(running) < jobs:
@@ -81,9 +84,9 @@ def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int) -> list
                 process = context.Process(target=_child, args=(send, threads, fn, args))
                 process.start()
                 send.close()
-                running[receive] = (index, process)
+                running[receive] = (index, process, time.perf_counter())
             for receive in wait(list(running)):
-                index, process = running.pop(receive)
+                index, process, started = running.pop(receive)
                 try:
                     results[index] = receive.recv()
                 except EOFError:
@@ -92,9 +95,24 @@ def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int) -> list
                                                      f"{process.exitcode} and no result")
                 receive.close()
                 process.join()
+                if on_done is not None:
+                    on_done(index, results[index], time.perf_counter() - started)
     finally:  # interrupted (Ctrl-C) or failed here: no simulated rank outlives the command
-        for receive, (_, process) in running.items():
+        for receive, (_, process, _) in running.items():
             process.kill()
             process.join()
             receive.close()
     return results
+
+
+def progress(ranks: Sequence[int]) -> Callable[[int, Any, float], None]:
+    """An ``on_done`` that says on stderr which simulated rank ended, how, and how many are left."""
+    done = []
+
+    def on_done(index: int, result: Any, seconds: float) -> None:
+        done.append(index)
+        how = f"could not run ({type(result).__name__})" if isinstance(result, BaseException) else "done"
+        print(f"shardcheck simulate: rank {ranks[index]} {how} in {seconds:.1f} s ({len(done)} of {len(ranks)})",
+              file=sys.stderr, flush=True)
+
+    return on_done

@@ -19,7 +19,7 @@ from .fake_group import fake_world
 from .impls import simulator
 from .options import STEP_MODES
 from .presets import build
-from .processes import each_in_own_process, parallel_jobs
+from .processes import each_in_own_process, parallel_jobs, progress
 
 
 def _mesh(world_size: int, mesh) -> Mesh:
@@ -84,7 +84,8 @@ def _each_rank(calls: list[tuple], model: str) -> list[dict]:
     as there are CPUs and as the available memory holds at the model's parameter bytes each); the
     first rank that raised raises here."""
     parameter_bytes = sum(t.numel() * 4 for t in build(model).parameters())  # on meta: arithmetic
-    results = each_in_own_process(simulate_rank, calls, parallel_jobs(len(calls), parameter_bytes))
+    results = each_in_own_process(simulate_rank, calls, parallel_jobs(len(calls), parameter_bytes),
+                                  progress([call[3] for call in calls]))
     for result in results:
         if isinstance(result, BaseException):
             raise result
@@ -128,7 +129,10 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
         if not 0 <= r < world_size:
             raise ValueError(f"rank {r} is outside world size {world_size}")
     stepped = set(_step_ranks(step, ranks, classes, mesh))
-    per_rank = _each_rank([(impl, world_size, model, r, r in stepped, mesh) for r in ranks], model)
+    first = sorted(range(len(ranks)), key=lambda i: ranks[i] not in stepped)  # the longest (a step) first
+    done = dict(zip(first, _each_rank([(impl, world_size, model, ranks[i], ranks[i] in stepped, mesh) for i in first],
+                                      model)))
+    per_rank = [done[i] for i in range(len(ranks))]
     cells = [c for r in per_rank for c in r["cells"]]
     covered = {i for r in ranks for i, (a, b) in enumerate(classes) if a <= mesh.coords(r)[1] < b}
     if len(covered) == len(classes):

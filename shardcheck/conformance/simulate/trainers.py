@@ -28,7 +28,7 @@ from shardcheck.conformance.protocol.capabilities import of_strategy
 from .expected import Mesh
 from .fake_group import fake_world
 from .presets import build
-from .processes import each_in_own_process, parallel_jobs
+from .processes import each_in_own_process, parallel_jobs, progress
 from .runner import max_rss_mib, size
 
 
@@ -158,7 +158,8 @@ def _each_rank(impl: str, world_size: int, model_name: str, ranks: list[int], me
     whole = "meta_init" not in adapters.load(impl).capabilities
     parameter_bytes = sum(t.numel() * 4 for t in build(model_name).parameters())  # on meta: arithmetic
     jobs = parallel_jobs(len(ranks), parameter_bytes * (2 if whole else 1))
-    return each_in_own_process(simulate_rank, [(impl, world_size, model_name, r, mesh) for r in ranks], jobs)
+    return each_in_own_process(simulate_rank, [(impl, world_size, model_name, r, mesh) for r in ranks], jobs,
+                               progress(ranks))
 
 
 def _held(figures: dict) -> str:
