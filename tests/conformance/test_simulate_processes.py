@@ -60,7 +60,7 @@ def test_an_exception_comes_back_in_its_place_with_the_childs_traceback():
 def test_a_process_that_dies_gives_rank_process_died_and_the_others_their_results():
     results = each_in_own_process(_die_for, [(0,), (1,), (2,)], jobs=2)
     assert results[0] == 0 and results[2] == 2
-    assert isinstance(results[1], RankProcessDied) and "exit code -9" in str(results[1])
+    assert isinstance(results[1], RankProcessDied) and "SIGKILL" in str(results[1])
 
 
 @pytest.mark.parametrize("memory, expected", [(None, 1), (10 * 2**30, 2), (3 * 2**30, 1), (0, 1)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
@@ -64,6 +65,14 @@ def _child(send, threads: int | None, fn: Callable, args: tuple) -> None:
     send.close()
 
 
+def _exit(code: int | None) -> str:
+    """``-9`` -> "SIGKILL (the kernel's out-of-memory killer, or a kill)"; ``70`` -> "exit code 70"."""
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        return f"{name} (the out-of-memory killer, or a kill)" if name == "SIGKILL" else name
+    return f"exit code {code}"
+
+
 def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int,
                         on_done: Callable[[int, Any, float], None] | None = None) -> list[Any]:
     """``[fn(*args) for args in calls]``, each call in a forked child, ``jobs`` children at a time.
@@ -91,8 +100,9 @@ def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int,
                     results[index] = receive.recv()
                 except EOFError:
                     process.join()
-                    results[index] = RankProcessDied(f"the process simulating call {index} ended with exit code "
-                                                     f"{process.exitcode} and no result")
+                    results[index] = RankProcessDied(f"its process ended with {_exit(process.exitcode)} and no result")
+                except Exception as exc:  # sent, but not readable here (an exception that does not unpickle)
+                    results[index] = RuntimeError(f"its result could not be read: {type(exc).__name__}: {exc}")
                 receive.close()
                 process.join()
                 if on_done is not None:
