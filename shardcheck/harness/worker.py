@@ -23,7 +23,9 @@ from shardcheck.harness.output import output_path
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with(owner_pid: int) -> None:
+def die_with(owner_pid: int) -> None:
+    """This process ends when process ``owner_pid`` (its parent) does, however that ends: the kernel
+    kills it (PR_SET_PDEATHSIG, Linux), and a watchdog thread checks twice a second elsewhere."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
@@ -85,7 +87,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     if visible_devices is not None:  # the leased devices, before anything initialises CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     os.environ.update(launcher_env(rank, world_size))
-    _die_with(owner_pid)
+    die_with(owner_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stack_file = open(stack_path, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)

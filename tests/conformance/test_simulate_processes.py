@@ -77,3 +77,49 @@ def test_progress_names_each_rank_as_it_ends(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("shardcheck simulate: rank 0 done in ") and lines[0].endswith("(1 of 2)")
     assert lines[1].startswith("shardcheck simulate: rank 4095 could not run (ValueError) in "), lines
+
+
+LONG_SIMULATION = """
+import os, sys, time
+from shardcheck.conformance.simulate.processes import each_in_own_process
+
+def rank(path):
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(60)
+
+each_in_own_process(rank, [(sys.argv[1],)], jobs=1)
+"""
+
+
+def test_a_killed_command_leaves_no_simulated_rank_running(tmp_path):
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "rank.pid"
+    command = subprocess.Popen([sys.executable, "-c", LONG_SIMULATION, str(pid_file)])
+    rank = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank = int(pid_file.read_text())
+        command.terminate()  # SIGTERM: no Python cleanup runs in the command
+        command.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(rank) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(rank), f"simulated rank {rank} outlived its command"
+    finally:
+        command.kill()
+        if rank is not None and _alive(rank):
+            os.kill(rank, signal.SIGKILL)  # this test leaves nothing behind either
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (reaped by init later) is not running
+        return f.read().split(")")[-1].split()[0] != "Z"

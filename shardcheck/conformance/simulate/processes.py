@@ -18,6 +18,8 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
+from shardcheck.harness.worker import die_with
+
 
 class RankProcessDied(RuntimeError):
     """A simulated rank's process ended without a result (killed, out of memory, a C++ abort)."""
@@ -47,7 +49,8 @@ def parallel_jobs(calls: int, bytes_per_rank: int) -> int:
     return max(1, min(calls, cpus, by_memory))
 
 
-def _child(send, threads: int | None, fn: Callable, args: tuple) -> None:
+def _child(send, owner: int, threads: int | None, fn: Callable, args: tuple) -> None:
+    die_with(owner)  # the command killed (SIGTERM, a timeout) leaves no simulated rank running
     if threads is not None:  # the CPUs shared among the children running at once, not each all of them
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(threads)
@@ -90,7 +93,7 @@ def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int,
             while waiting and len(running) < jobs:
                 index, args = waiting.pop(0)
                 receive, send = context.Pipe(duplex=False)
-                process = context.Process(target=_child, args=(send, threads, fn, args))
+                process = context.Process(target=_child, args=(send, os.getpid(), threads, fn, args))
                 process.start()
                 send.close()
                 running[receive] = (index, process, time.perf_counter())
