@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 import time
 
@@ -104,11 +105,22 @@ def lease_dir() -> str:
     return path
 
 
-def prepare() -> None:
+def prepare() -> str | None:
     """Called once by the controlling pytest process; xdist workers inherit the environment.
-    Fake devices get a private directory so that they never collide with a real session."""
+    Fake devices get a private directory so that they never collide with a real session: its path,
+    for :func:`finish` (None when none was made)."""
     if fake_count() is not None and not os.environ.get(DIR_ENV):
         os.environ[DIR_ENV] = tempfile.mkdtemp(prefix="shardcheck-fake-devices-")
+        return os.environ[DIR_ENV]
+    return None
+
+
+def finish(made: str | None) -> None:
+    """At the controller's end: the private directory `prepare` made goes, with its lock files."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        if os.environ.get(DIR_ENV) == made:
+            del os.environ[DIR_ENV]
 
 
 def _try_lock(path: str) -> int | None:

@@ -66,8 +66,9 @@ def pytest_configure(config):
     config._shardcheck_locations = {}  # nodeid -> location of distributed tests, for late reports
     config._shardcheck_preloaded = False
     forked_compat.install()  # --forked on pytest >= 9.2 (see shardcheck/harness/forked_compat.py)
+    config._shardcheck_lease_dir = None
     if not hasattr(config, "workerinput"):  # the controller; xdist workers inherit its environment
-        devices.prepare()
+        config._shardcheck_lease_dir = devices.prepare()
 
 
 def _preload(config) -> None:
@@ -327,3 +328,4 @@ def pytest_unconfigure(config):
     if _started():
         _runner().shutdown_pools()
         _runner().leave_external_world()  # ranks leave together, after rank 0 has reported
+    devices.finish(getattr(config, "_shardcheck_lease_dir", None))  # after the workers: no lease is held

@@ -123,11 +123,14 @@ def test_concurrent_tests_never_share_a_device(tmp_path):
     pytest.importorskip("xdist")
     (tmp_path / "test_lease.py").write_text(LEASE_BODIES)
     (tmp_path / "conftest.py").write_text(RECORDER)
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "gpus", "--maxprocesses", "2",
          "test_lease.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
-        env=_clean_env(**{devices.FAKE_ENV: "4"}))
+        env=_clean_env(**{devices.FAKE_ENV: "4", "TMPDIR": str(tmp_path / "tmp")}))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    left = [p.name for p in (tmp_path / "tmp").glob("shardcheck-*")]
+    assert left == [], f"the session left {left} behind"  # the fake devices' lease folder included
     assert "-n gpus: 4 workers, one per visible device (4 fake GPUs)" in proc.stdout
     rows = [json.loads(line) for line in (tmp_path / "leases.jsonl").read_text().splitlines()]
     leases = [row["lease"]["0"][0] for row in rows]
