@@ -104,3 +104,8 @@ def build(name: str, device="meta") -> Transformer:
         raise ValueError(f"unknown model preset {name!r}; choose from {', '.join(PRESETS)}")
     with torch.device(device):
         return Transformer(PRESETS[name])
+
+
+def parameter_bytes(name: str) -> int:
+    """The preset's parameters in float32, by arithmetic (built on meta: nothing allocated)."""
+    return sum(t.numel() * 4 for t in build(name).parameters())

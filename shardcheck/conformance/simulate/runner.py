@@ -18,7 +18,7 @@ from .expected import Mesh, describe_ranks, expected_row, rank_classes, represen
 from .fake_group import fake_world
 from .impls import simulator
 from .options import STEP_MODES
-from .presets import build
+from .presets import build, parameter_bytes
 from .processes import each_in_own_process, parallel_jobs, progress
 
 
@@ -83,8 +83,7 @@ def _each_rank(calls: list[tuple], model: str) -> list[dict]:
     """`simulate_rank(*call)` for each call, each rank in a process of its own, side by side (as many
     as there are CPUs and as the available memory holds at the model's parameter bytes each); the
     first rank that raised raises here."""
-    parameter_bytes = sum(t.numel() * 4 for t in build(model).parameters())  # on meta: arithmetic
-    results = each_in_own_process(simulate_rank, calls, parallel_jobs(len(calls), parameter_bytes),
+    results = each_in_own_process(simulate_rank, calls, parallel_jobs(len(calls), parameter_bytes(model)),
                                   progress([call[3] for call in calls]))
     for result in results:
         if isinstance(result, BaseException):

@@ -27,7 +27,7 @@ from shardcheck.conformance.protocol.capabilities import of_strategy
 
 from .expected import Mesh
 from .fake_group import fake_world
-from .presets import build
+from .presets import build, parameter_bytes
 from .processes import each_in_own_process, parallel_jobs, progress
 from .runner import max_rss_mib, size
 
@@ -91,8 +91,8 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
     adapter = _capable(impl, strategy)
     started = time.perf_counter()
     with fake_world(rank, world_size), _local_rank(rank):
-        shape = build(model_name)  # on meta: the parameter count, for free
-        p = sum(t.numel() * 4 for t in shape.parameters())
+        shape = build(model_name)  # on meta: its units and input, for free
+        p = parameter_bytes(model_name)
         units = tuple(f"blocks.{i}" for i in range(len(shape.blocks)))
         device_mesh = (init_device_mesh("cpu", (shape2d.replicate, shape2d.shard), mesh_dim_names=("replicate", "shard"))
                        if shape2d.two_d else init_device_mesh("cpu", (world_size,)))
@@ -156,8 +156,7 @@ def _each_rank(impl: str, world_size: int, model_name: str, ranks: list[int], me
     one rank's world must not leave to the next), side by side: as many as there are CPUs and as the
     available memory holds at the model's bytes per rank (twice that for an engine built whole)."""
     whole = "meta_init" not in adapters.load(impl).capabilities
-    parameter_bytes = sum(t.numel() * 4 for t in build(model_name).parameters())  # on meta: arithmetic
-    jobs = parallel_jobs(len(ranks), parameter_bytes * (2 if whole else 1))
+    jobs = parallel_jobs(len(ranks), parameter_bytes(model_name) * (2 if whole else 1))
     return each_in_own_process(simulate_rank, [(impl, world_size, model_name, r, mesh) for r in ranks], jobs,
                                progress(ranks))
 
