@@ -15,7 +15,7 @@ FORMAT_VERSION = 2  # of the simulate report: its own format, not the conformanc
 
 from . import verdicts
 from .expected import Mesh, describe_ranks, expected_row, rank_classes, representative_ranks, units_of
-from .fake_group import fake_world
+from .fake_group import SilentCollectives, fake_world
 from .impls import simulator
 from .options import STEP_MODES
 from .presets import build, parameter_bytes
@@ -50,7 +50,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, step: 
     sim = simulator(impl)
     mesh = _mesh(world_size, mesh)
     shard_rank = mesh.coords(rank)[1]
-    with fake_world(rank, world_size):
+    with fake_world(rank, world_size, silent=False):  # silenced for the step only: sharding is millions of ops (F68)
         model = build(model_name)
         units = units_of(model, mesh.shard)
         sim.shard(model, mesh)
@@ -63,7 +63,8 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, step: 
                  verdicts.bytes_within_ceil_bound(measured, expected, rank)]
         collectives = expected_collectives = None
         if step:
-            collectives = sim.step(model).by_kind(describe_ranks)
+            with SilentCollectives():
+                collectives = sim.step(model).by_kind(describe_ranks)
             expected_collectives = sim.expected(units, mesh, rank)
             cells.append(verdicts.collectives_per_step(collectives, expected_collectives, rank))
     fields = ("name", "shape", "local_shape", "padded_rows", "bytes", "storage_bytes")
