@@ -79,13 +79,18 @@ def visible_devices() -> list[str]:
     return [str(i) for i in range(count)]
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def worker_count() -> tuple[int, str]:
     """How many xdist workers `-n gpus` means, and the header line saying why."""
     ids = visible_devices()
     if ids:
         kind = "fake GPUs" if fake_count() is not None else "GPUs"
         return len(ids), f"-n gpus: {len(ids)} workers, one per visible device ({len(ids)} {kind})"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cpus()
     n = max(1, cores // 2)
     return n, f"-n gpus: no GPU visible; {n} worker{'s' if n > 1 else ''} (half of {cores} cores)"
 

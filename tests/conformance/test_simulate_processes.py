@@ -66,7 +66,7 @@ def test_a_process_that_dies_gives_rank_process_died_and_the_others_their_result
 @pytest.mark.parametrize("memory, expected", [(None, 1), (10 * 2**30, 2), (3 * 2**30, 1), (0, 1)])
 def test_jobs_are_bounded_by_cpus_calls_and_available_memory(monkeypatch, memory, expected):
     monkeypatch.setattr(processes, "available_memory_bytes", lambda: memory)
-    monkeypatch.setattr(processes, "_cpus", lambda: 4)
+    monkeypatch.setattr(processes, "usable_cpus", lambda: 4)
     assert parallel_jobs(calls=2, bytes_per_rank=2 * 2**30) == expected
     if memory:
         assert parallel_jobs(calls=8, bytes_per_rank=1) == 4  # no more than the CPUs

@@ -19,6 +19,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
+from shardcheck.harness.devices import usable_cpus
 from shardcheck.harness.worker import die_with
 
 
@@ -38,13 +39,9 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def parallel_jobs(calls: int, bytes_per_rank: int) -> int:
     """How many ranks run at once: ``min(calls, CPUs, available memory // bytes_per_rank)``, at least 1."""
-    cpus = _cpus()
+    cpus = usable_cpus()
     memory = available_memory_bytes()
     by_memory = memory // max(bytes_per_rank, 1) if memory is not None else 1
     return max(1, min(calls, cpus, by_memory))
@@ -71,7 +68,7 @@ def _child(send, owner: int, threads: int | None, fn: Callable, args: tuple) -> 
 
 
 def _exit(code: int | None) -> str:
-    """``-9`` -> "SIGKILL (the kernel's out-of-memory killer, or a kill)"; ``70`` -> "exit code 70"."""
+    """``-9`` -> "SIGKILL (the out-of-memory killer, or a kill)"; ``-6`` -> "SIGABRT"; ``70`` -> "exit code 70"."""
     if code is not None and code < 0:
         name = signal.Signals(-code).name
         return f"{name} (the out-of-memory killer, or a kill)" if name == "SIGKILL" else name
@@ -86,7 +83,7 @@ def each_in_own_process(fn: Callable, calls: Sequence[tuple], jobs: int,
     ``on_done(index, result, seconds)`` hears of each call as it ends (progress on long runs)."""
     context = multiprocessing.get_context("fork")
     jobs = max(jobs, 1)
-    threads = max(1, _cpus() // jobs) if jobs > 1 else None
+    threads = max(1, usable_cpus() // jobs) if jobs > 1 else None
     results: list[Any] = [None] * len(calls)
     waiting = list(enumerate(calls))
     running: dict = {}  # receiving end -> (index, process, when it started)
