@@ -15,7 +15,6 @@ uses shardcheck): turns `@distributed` tests into N-rank runs; its options are d
 
 from __future__ import annotations
 
-import gc
 import os
 import pickle
 import sys
@@ -24,7 +23,7 @@ import pytest
 
 # Nothing here imports torch: a session whose tests are not `@distributed` pays for none of it
 # (the rank machinery, shardcheck.harness.runner and shardcheck.harness.pool, is imported by the first distributed test).
-from shardcheck.harness import deadline, devices, forked_compat, xdist_support
+from shardcheck.harness import collector, deadline, devices, forked_compat, xdist_support
 from shardcheck.harness.launcher import detect
 from shardcheck.harness.plan import HarnessUsageError, Plan, check_backend, check_world_size, choose_mode, make_plan
 from shardcheck.harness.task import Task, takes_ctx
@@ -54,6 +53,7 @@ def _size(text: str) -> int:
 
 
 def pytest_configure(config):
+    collector.fewer_collections()  # before the tests import torch (shardcheck/harness/collector.py)
     try:
         config._shardcheck_backends = [check_backend(b.strip())
                                        for b in config.getoption("shardcheck_backend").split(",")]
@@ -80,11 +80,16 @@ def _preload(config) -> None:
     from shardcheck.harness.pool import preload
 
     preload(config.getini("rank_preload"))
-    # What is loaded by now (torch, the plugins, the collected tests) stays for the session's life:
-    # out of the collector's sight, full collections stop walking it (pytest alone collects twice at
-    # the end of a session: 0.3 s of CPU each time with torch in view). Ranks do the same (worker.py).
-    gc.freeze()
+    collector.freeze_the_long_lived()  # the preloaded modules too, before ranks fork from here
     config._shardcheck_preloaded = True
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """What is loaded by now (torch, the plugins, the collected tests) stays for the session's life:
+    frozen, the full collections that follow (pytest's own two as the session ends, 0.1 s each with
+    torch in view) stop walking it. Ranks do the same with what they inherit (worker.py)."""
+    collector.freeze_the_long_lived()
 
 
 @pytest.hookimpl(trylast=True)

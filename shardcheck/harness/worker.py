@@ -11,13 +11,13 @@ from __future__ import annotations
 import ctypes
 import datetime
 import faulthandler
-import gc
 import os
 import signal
 import sys
 import threading
 import time
 
+from shardcheck.harness import collector
 from shardcheck.harness.output import output_path
 
 PR_SET_PDEATHSIG = 1
@@ -106,7 +106,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
 
     # What this rank inherited or imported so far (torch, the preloaded modules: some 300,000
     # objects) is never garbage: frozen, a full collection no longer walks it (0.3-0.5 s each).
-    gc.freeze()
+    collector.fewer_collections()  # a spawned rank starts with CPython's thresholds
+    collector.freeze_the_long_lived()
 
     from shardcheck.harness.context import RankContext
     from shardcheck.harness.devices import device_for

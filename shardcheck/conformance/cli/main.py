@@ -17,13 +17,10 @@ stderr, checked before any cell runs, and leaves no file behind. A whole matrix 
 workers, one per core (`--workers N` sets it, 0 for this process alone; a selection runs here).
 
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
-
-rebuilds the report from the cells a run streamed, e.g. after a crash (`complete: false`).
-
     shardcheck report upgrade REPORT.json [-o OUT.json]
 
-rewrites a report of an earlier schema version as the current one (in place by default) and says
-its size before and after.
+rebuild the report from the cells a run streamed, e.g. after a crash (`complete: false`), and rewrite
+a report of an earlier schema version as the current one (in place by default), saying its size before and after.
 
     shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html] [--memory-chart OUT.svg]
     shardcheck diff OLD NEW
@@ -66,6 +63,7 @@ from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import interrupts, report_commands
 from shardcheck.conformance.cli import releases as releases_command
 from shardcheck.conformance.expectations import releases
+from shardcheck.harness import collector
 from shardcheck.pytest_plugin import RANK_TIMEOUT_S
 
 CHECKS = Path(__file__).parents[1] / "checks"
@@ -314,6 +312,7 @@ def _simulate(args, extra: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    collector.fewer_collections()  # before torch imports (shardcheck/harness/collector.py)
     if argv == ["--version"]:  # answered before the subcommands' parsers, which import torch for their help
         print(_versions())
         return 0

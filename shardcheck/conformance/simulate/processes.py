@@ -9,7 +9,6 @@ resident set is measured, not known, before it runs).
 """
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import signal
@@ -19,6 +18,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
+from shardcheck.harness import collector
 from shardcheck.harness.devices import usable_cpus
 from shardcheck.harness.worker import die_with
 
@@ -49,7 +49,7 @@ def parallel_jobs(calls: int, bytes_per_rank: int) -> int:
 
 def _child(send, owner: int, threads: int | None, fn: Callable, args: tuple) -> None:
     die_with(owner)  # the command killed (SIGTERM, a timeout) leaves no simulated rank running
-    gc.freeze()  # what the parent made stays alive here: out of the collector's full passes
+    collector.freeze_the_long_lived()  # what the parent made stays alive here
     if threads is not None:  # the CPUs shared among the children running at once, not each all of them
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(threads)
