@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import time
 
+from shardcheck.harness import cuda
 from shardcheck.harness.vocabulary import LAUNCHES
 
 FAKE_ENV = "SHARDCHECK_FAKE_GPUS"
@@ -70,9 +71,7 @@ def visible_devices() -> list[str]:
     fake = fake_count()
     if fake is not None:
         return [f"fake{i}" for i in range(fake)]
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = cuda.device_count()  # by NVML: this process forks ranks (shardcheck.harness.cuda)
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")
     if outer is not None and outer.strip():
         return [d.strip() for d in outer.split(",") if d.strip()][:count]

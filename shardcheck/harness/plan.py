@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardcheck.harness import cuda
 from shardcheck.harness.devices import thread_device_type
 from shardcheck.harness.launcher import LaunchEnv, detect
 from shardcheck.harness.vocabulary import BACKENDS, MODES
@@ -59,7 +60,6 @@ def check_mode(mode: str, backend: str) -> str:
 
 def skip_reason(backend: str, world_size: int) -> str | None:
     """Why this (backend, world size) cannot run on this machine, or None if it can."""
-    import torch
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -69,10 +69,10 @@ def skip_reason(backend: str, world_size: int) -> str | None:
     if backend == "nccl":
         if not dist.is_nccl_available():
             return "nccl backend is not available in this torch build (CPU-only torch?)"
-        count = torch.cuda.device_count()
+        count = cuda.device_count()  # by NVML: the parent forks ranks (shardcheck.harness.cuda)
         if count < world_size:
             return f"nccl at world size {world_size} needs {world_size} CUDA devices; {count} visible"
-    if backend == "threaded" and thread_device_type() == "cuda" and not torch.cuda.is_available():
+    if backend == "threaded" and thread_device_type() == "cuda" and cuda.device_count() == 0:
         return "SHARDCHECK_THREAD_DEVICE=cuda but no CUDA device is visible"
     return None
 

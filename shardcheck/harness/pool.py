@@ -18,6 +18,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
+from shardcheck.harness import cuda
 from shardcheck.harness.ledger import blame_unmatched
 from shardcheck.harness.output import output_path, output_since, pool_dir, trim_text
 from shardcheck.harness.task import RankResult, Task
@@ -40,14 +41,13 @@ def preload(modules) -> None:
 
 
 def start_method(backend: str) -> str:
-    """How a pool starts its ranks: fork is fastest; forkserver (with PRELOAD) is the safe choice
-    once CUDA is involved. SHARDCHECK_START_METHOD overrides."""
+    """How a pool starts its ranks: fork is fastest; forkserver (with PRELOAD) for nccl, and once this
+    process initialised CUDA (a forked child of it could not use CUDA: shardcheck.harness.cuda).
+    SHARDCHECK_START_METHOD overrides."""
     forced = os.environ.get("SHARDCHECK_START_METHOD")
     if forced:
         return forced
-    import torch
-
-    if backend == "nccl" or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+    if backend == "nccl" or cuda.driver_touched():
         return "forkserver"
     return "fork"
 

@@ -72,6 +72,18 @@ def pin_threads(cpus: set[int]) -> None:
             pass  # a thread that just ended
 
 
+CPU_BACKENDS = ("gloo",)  # their ranks compute on the CPU (shardcheck.harness.devices.device_for)
+SEE_CUDA_ENV = "SHARDCHECK_GLOO_SEES_CUDA"
+
+
+def hide_cuda() -> None:
+    """A rank that computes on the CPU sees no CUDA device, as on a CPU machine: torch then never
+    calls into CUDA for it (every optimizer step asks the driver otherwise), and its verdicts are
+    those of the committed CPU reports. SHARDCHECK_GLOO_SEES_CUDA=1 leaves the devices visible."""
+    if os.environ.get(SEE_CUDA_ENV) != "1":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 def launcher_env(rank: int, world_size: int) -> dict[str, str]:
     """What torchrun gives a rank on one node, so engines that read it (DeepSpeed asserts LOCAL_RANK;
     Accelerate, Lightning) find it. No MASTER_ADDR/PORT: the rendezvous is a FileStore, no TCP."""
@@ -86,6 +98,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     `gate`: the pool's barrier, where every rank waits for the others before each body."""
     if visible_devices is not None:  # the leased devices, before anything initialises CUDA here
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+    elif backend in CPU_BACKENDS:
+        hide_cuda()
     os.environ.update(launcher_env(rank, world_size))
     die_with(owner_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle

@@ -314,15 +314,20 @@ def _torch_version() -> str:
 def _target(config) -> dict:
     import torch  # here, not at the top: the plugin loads in every session of the environment
 
-    cuda = torch.cuda.is_available()
+    from shardcheck.harness import cuda as cuda_probe
+    from shardcheck.harness.devices import thread_device_type
+
+    # This process forks ranks: what it knows of CUDA comes from NVML (shardcheck.harness.cuda).
+    names = cuda_probe.device_names()
+    backends = getattr(config, "_shardcheck_backends", None) or []
+    on_gpu = bool(names) and ("nccl" in backends or ("threaded" in backends and thread_device_type() == "cuda"))
     return {
         "backends": getattr(config, "_shardcheck_backends", None),
-        "device_type": "cuda" if cuda and "nccl" in (getattr(config, "_shardcheck_backends", []) or [])
-        else "cpu",
-        "device_model": torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
+        "device_type": "cuda" if on_gpu else "cpu",
+        "device_model": names[0] if on_gpu else platform.processor() or platform.machine(),
         "world_sizes": sorted(getattr(config, "_shardcheck_sizes", None) or []) or "all",
         "torch": torch.__version__, "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if on_gpu and "nccl" in backends else None,
         "python": sys.version.split()[0], "platform": platform.platform(),
         "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
     }
