@@ -31,6 +31,7 @@ Where each concern lives:
     output.py      what a rank printed, at a bounded size; the pools' temporary folders
     devices.py     each rank's device, and GPU leasing
     cuda.py        what a process that forks ranks may learn of CUDA without initialising it (NVML)
+    device_guard.py  a second device on the CPU: host tensors mixed with the rank's fail (SHARDCHECK_DEVICE_GUARD=1)
     deadline.py    a test's time limit, taken over from pytest-timeout
     plugin.py      the pytest plugin (registered by shardcheck.pytest_plugin, the one entry point)
     xdist_support.py, forked_compat.py   `-n gpus`, and pytest-forked on pytest >= 9.2

@@ -56,6 +56,24 @@ def device_for(backend: str, local_rank: int):
     return torch.device("cpu")
 
 
+def settle_numerics(device) -> None:
+    """On a GPU, the yardstick and the implementation compute alike in the same rank only with the
+    same kernels every time: TF32 off for matmuls and convolutions (cuDNN's default is on) and
+    deterministic kernels (cuDNN's choice fixed, cuBLAS's workspace split the same way; an op with no
+    deterministic kernel warns). The checks' tolerances are float32's, not TF32's 10-bit mantissa
+    (shardcheck/conformance/checks/support/compare.py). Nothing changes on the CPU."""
+    if device.type != "cuda":
+        return
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts: deterministic
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def _lease_timeout(count: int, timeout_s: float) -> LeaseTimeout:
     return LeaseTimeout(f"could not lease {count} devices within {timeout_s:g} s (other tests held them)")
 

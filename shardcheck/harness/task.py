@@ -8,9 +8,11 @@ turns whatever happened into a `RankResult`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import random
 import sys
 import time
@@ -118,6 +120,16 @@ def takes_ctx(fn: Callable) -> str | None:
     return "keyword" if any(p.name == "ctx" for p in params) else None
 
 
+def _guard():
+    """SHARDCHECK_DEVICE_GUARD=1: the body runs under shardcheck.harness.device_guard (host tensors
+    mixed with the rank's fail, as on a GPU rank)."""
+    if os.environ.get("SHARDCHECK_DEVICE_GUARD") != "1":  # device_guard.ENV (it imports torch)
+        return contextlib.nullcontext()
+    from shardcheck.harness.device_guard import DeviceGuard
+
+    return DeviceGuard()
+
+
 def execute(task: Task, ctx, on_failure: Callable[[BaseException], None] | None = None) -> RankResult:
     """Run `task` on this rank with context `ctx`; never raises."""
     start = time.perf_counter()
@@ -125,10 +137,11 @@ def execute(task: Task, ctx, on_failure: Callable[[BaseException], None] | None 
     try:
         fn = resolve(task)
         kwargs = dict(task.kwargs)
-        if takes_ctx(fn) == "positional":  # wrappers such as parameterized.expand append their args
-            fn(ctx, **kwargs)
-        else:
-            fn(ctx=ctx, **kwargs)
+        with _guard():
+            if takes_ctx(fn) == "positional":  # wrappers such as parameterized.expand append their args
+                fn(ctx, **kwargs)
+            else:
+                fn(ctx=ctx, **kwargs)
     except _skip_types() as exc:
         result.outcome, result.message = "skipped", str(getattr(exc, "msg", exc) or exc)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt on a rank are failures too

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from shardcheck.harness.context import RankContext
-from shardcheck.harness.devices import device_for
+from shardcheck.harness.devices import device_for, settle_numerics
 from shardcheck.harness.isolation import Baseline, Settings, leftovers, refuse
 from shardcheck.harness.stacks import thread_stack
 from shardcheck.harness.task import RankResult, Task, execute, reset_process_state
@@ -230,6 +230,7 @@ def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
             ctx = RankContext(rank=rank, world_size=world_size, backend="threaded",
                               device=device_for("threaded", rank), mode="thread",
                               _meshes=meshes[rank])
+            settle_numerics(ctx.device)
             answers[rank] = execute(task, ctx, on_failure=mtpg.ProcessLocalGroup.exception_handle)
         finally:
             if getattr(_taps, "baton", None) is baton:

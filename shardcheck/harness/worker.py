@@ -124,7 +124,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     collector.freeze_the_long_lived()
 
     from shardcheck.harness.context import RankContext
-    from shardcheck.harness.devices import device_for
+    from shardcheck.harness.devices import device_for, settle_numerics
     from shardcheck.harness.isolation import Baseline, Settings, settle
     from shardcheck.harness.ledger import CollectiveLedger
     from shardcheck.harness.task import execute, reset_process_state
@@ -134,6 +134,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     # the child deadlocks, seen as a rank stuck in layer_norm after thread-mode tests ran in the parent).
     torch.set_num_threads(1)
     device = device_for(backend, rank)
+    settle_numerics(device)
     kwargs = {}
     if backend == "nccl":
         torch.cuda.set_device(device)

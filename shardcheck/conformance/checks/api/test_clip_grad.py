@@ -42,8 +42,8 @@ pytestmark = [
 def test_non_root(ctx, impl):
     """clip_grad_norm_ on a non-root unit is refused."""
     with ctx.seeded(0):
-        model = M.TwoLinear()
-        inp = torch.randn(2, 5)
+        model = M.TwoLinear().to(ctx.device)
+        inp = torch.randn(2, 5, device=ctx.device)
     model = impl.shard(model, ShardSpec(units=("lin2",), mesh=ctx.mesh()))
     model(inp).sum().backward()
     with pytest.raises(RuntimeError, match="should only be called on the root"):
@@ -58,7 +58,7 @@ def test_below_max_norm_leaves_grads_unchanged(ctx, impl, norm_type, strategy):
     """A total norm below max_norm clips nothing: the coefficient is clamped to 1 (torch's
     clip_grad_norm_ semantics), so gradients come back bit-identical and the norm is still right."""
     with ctx.seeded(0):
-        ref_model = M.NestedWrappedModule(deterministic=True)
+        ref_model = M.NestedWrappedModule(deterministic=True, device=ctx.device)
         model = copy.deepcopy(ref_model)
         inp = ref_model.get_input(ctx.device)
     model = impl.shard(model, shard_spec_of(model, strategy=strategy, mesh=ctx.mesh()))
@@ -97,7 +97,7 @@ def _data_parallel_clip(ctx, max_norm, norm_type) -> dict:
     torch.nn.utils.clip_grad_norm_, the total norm, the parameters after one Adam step, then the total
     norms of three more iterations."""
     with ctx.seeded(0):
-        ref_model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
+        ref_model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device)
     ref_optim = torch.optim.Adam(ref_model.parameters(), lr=LR)
     inputs = _inputs(ctx, ref_model)
     ref_model.get_loss(inputs[0], ref_model(*inputs[0])).backward()
@@ -140,7 +140,7 @@ def test_ddp_parity(ctx, impl, max_norm, norm_type, strategy, offload):
     """Clip on the sharded model == torch.nn.utils.clip_grad_norm_ on the data-parallel one."""
     ref = shared_reference.computed_once(ctx, _data_parallel_clip, max_norm, norm_type)
     with ctx.seeded(0):
-        model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True)
+        model = M.TransformerWithSharedParams(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device)
     inputs, get_loss = _inputs(ctx, model), model.get_loss
     common = dict(offload=offload, mesh=ctx.mesh())
     if strategy == "mixed_strategy":
@@ -204,7 +204,7 @@ def _low_precision_requires(params):
 def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy):
     """fp16 gradients kept in fp16: the total norm is fp16 and every gradient is clipped."""
     with ctx.seeded(0):
-        model = M.NestedWrappedModule(ctx.rank, ctx.world_size, deterministic=True)
+        model = M.NestedWrappedModule(ctx.rank, ctx.world_size, deterministic=True, device=ctx.device)
         inp = model.get_input(ctx.device)  # seeds 1 + rank: different inputs per rank
     mp = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16, keep_low_precision_grads=True)
     model = impl.shard(model, shard_spec_of(model, strategy=strategy, mixed_precision=mp, mesh=ctx.mesh()))
@@ -237,8 +237,8 @@ def test_low_precision_grads(ctx, impl, max_norm, norm_type, strategy):
 def test_no_gradients(ctx, impl):
     """Clip with no gradients: warns, and returns a float32 zero."""
     with ctx.seeded(0):
-        model = nn.Linear(24, 24)
-        inp = torch.randn(32, 24)
+        model = nn.Linear(24, 24, device=ctx.device)
+        inp = torch.randn(32, 24, device=ctx.device)
     mp = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
     model = impl.shard(model, ShardSpec(strategy="SHARD_GRAD_OP", mixed_precision=mp, mesh=ctx.mesh()))
     model(inp)

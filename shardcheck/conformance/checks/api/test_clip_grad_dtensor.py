@@ -65,27 +65,27 @@ def _build_000(ctx, impl, layout: str):
     """(ref_model, model, dp_group, dp_mesh, make_loss) for seed 000's 1-D or 2-D case."""
     if layout == "1d":
         with ctx.seeded(42):
-            model = M.Transformer(M.ModelArgs(dropout_p=0.0))
+            model = M.Transformer(M.ModelArgs(dropout_p=0.0)).to(ctx.device)
         ref_model = copy.deepcopy(model)
         dp_mesh = ctx.mesh()
         model = impl.shard(model, shard_spec_of(model, mesh=dp_mesh))
         # The seed feeds the same tokens on every rank; different tokens per rank also exercise the
         # gradient reduction (the reference averages by hand).
         with ctx.seeded(1000 + ctx.rank):
-            inp = torch.randint(0, ref_model.model_args.vocab_size, (3, 16))
+            inp = torch.randint(0, ref_model.model_args.vocab_size, (3, 16), device=ctx.device)
         return ref_model, model, None, dp_mesh, inp, lambda out: out.sum()
     mesh = ctx.mesh((2, ctx.world_size // 2), ("dp", "tp"))
     dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
     with ctx.seeded(42):
-        model = M.MLPStack(16, with_seq_parallel=True)
+        model = M.MLPStack(16, with_seq_parallel=True).to(ctx.device)
     ref_model = copy.deepcopy(model)
     _apply_tp(impl, model, tp_mesh)
     model = impl.shard(model, shard_spec_of(model, mesh=dp_mesh))  # FULL_SHARD: reshard after forward
     # TP ranks need the same input; dp ranks get their own.
     with ctx.seeded(1000 + dp_mesh.get_local_rank()):
-        inp = torch.randn(2, 16)
+        inp = torch.randn(2, 16, device=ctx.device)
     with ctx.seeded(7):
-        weight = torch.randn(2, 16)
+        weight = torch.randn(2, 16, device=ctx.device)
 
     # Deviation from the seed (FINDINGS F1): the stack ends in LayerNorm, so out.sum() is ~0 for any
     # input and every gradient before the norm is float noise that TP legitimately changes. A fixed
