@@ -110,13 +110,13 @@ def test_the_manifest_loader_refuses_an_entry_without_a_kind(tmp_path):
 def test_kinds_of_findings_come_from_the_manifests():
     table = kinds.of_findings()
     assert table["F48"] == ("by design", "https://docs.pytorch.org/docs/stable/generated/"
-                                         "torch.nn.parallel.DistributedDataParallel.html")
+                                         "torch.nn.parallel.DistributedDataParallel.html", "DDP")
     assert {f: table[f][0] for f in ("F13", "F24", "F43", "F56", "F62", "F9")} == {
         "F13": "by design", "F24": "by design", "F43": "by design", "F56": "by design",
         "F62": "platform", "F9": "bug"}
-    assert kinds.of_expectation({"finding": "F9", "reason": "r", "repro": "r"}) == ("bug", None)
-    assert kinds.of_expectation({"finding": "F999"}) == ("bug", None)  # unknown: the conservative verdict
-    assert kinds.of_expectation(None) == ("bug", None)
+    assert kinds.of_expectation({"finding": "F9", "reason": "r", "repro": "r"}) == ("bug", None, None)
+    assert kinds.of_expectation({"finding": "F999"}) == ("bug", None, None)  # unknown: the conservative verdict
+    assert kinds.of_expectation(None) == ("bug", None, None)
     assert kinds.label("by design", "https://d", "DDP") == "differs from DDP, by design (https://d)"
 
 

@@ -45,26 +45,27 @@ def problem(entry: dict) -> str | None:
 
 
 @cache
-def of_findings() -> dict[str, tuple[str, str | None]]:
-    """{finding: (kind, document)} over the built-in manifests' xfail and explore entries; an entry
+def of_findings() -> dict[str, tuple[str, str | None, str | None]]:
+    """{finding: (kind, document, convention)} over the built-in manifests' xfail and explore entries; an entry
     without a finding is not listed. Where entries of one finding disagree the first (by manifest
     name) wins here; tests/conformance/test_findings_kinds.py refuses such manifests."""
-    out: dict[str, tuple[str, str | None]] = {}
+    out: dict[str, tuple[str, str | None, str | None]] = {}
     for path in sorted(HERE.glob("*.toml")):
         tables = tomllib.loads(path.read_text())
         for entry in tables.get("xfail", []) + tables.get("explore", []):
             if "finding" in entry and entry.get("kind") in KINDS:
-                out.setdefault(entry["finding"], (entry["kind"], entry.get("document")))
+                out.setdefault(entry["finding"], (entry["kind"], entry.get("document"), entry.get("convention")))
     return out
 
 
-def of_expectation(expectation: dict | None) -> tuple[str, str | None]:
-    """(kind, document) of an xfailed cell's expectation (a report's `expectation`: reason, repro,
-    finding), from the entry itself where it carries a kind, else from its finding; a bug otherwise."""
+def of_expectation(expectation: dict | None) -> tuple[str, str | None, str | None]:
+    """(kind, document, convention) of an xfailed cell's expectation (a report's `expectation`:
+    reason, repro, finding), from the entry itself where it carries a kind, else from its finding's
+    entries (reports keep no kind: it is judged now, from the manifests); a bug otherwise."""
     expectation = expectation or {}
     if expectation.get("kind") in KINDS:
-        return expectation["kind"], expectation.get("document")
-    return of_findings().get(expectation.get("finding") or "", (BUG, None))
+        return expectation["kind"], expectation.get("document"), expectation.get("convention")
+    return of_findings().get(expectation.get("finding") or "", (BUG, None, None))
 
 
 def of_cell(cell: dict) -> str | None:
