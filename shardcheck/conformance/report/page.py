@@ -56,7 +56,7 @@ def chart_png(table_rows) -> bytes:
     ax.set_yticks(list(ys), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 112)
-    ax.set_xlabel("% (coverage = reached / collected; conformance = passed / reached)")
+    ax.set_xlabel("% (coverage = reached / collected; conformance = passed / judged: bugs only)")
     ax.legend(fontsize=8, loc="lower right", frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
