@@ -57,6 +57,7 @@ cells = ["test_checks.py::test_supported[ws2-2]"]
 reason = "cell 2 is known to fail"
 repro = "assert 2 == 1"
 error = 'cell \\d is known to fail'
+kind = "bug"
 '''
 
 

@@ -276,8 +276,38 @@ def test_known_failures_are_grouped_by_finding_with_reason_and_reproduction(tmp_
     page = tmp_path / "m.html"
     assert cli.main(["matrix", path, "--html", str(page)]) == 0
     text = page.read_text()
-    assert "<h3>F10 · torch-fsdp2 · 1 cell(s)</h3><p>why F10</p>" in text
+    assert "<h3>F10 · torch-fsdp2 · 1 cell(s) · bug</h3><p>why F10</p>" in text
     assert "<b>1.7%</b> (6/354)" in text
+
+
+def test_conformance_counts_bugs_only_and_the_matrix_says_each_kind_apart(tmp_path, capsys):
+    """Issue 61: a known failure that is by design (F48: judged by DDP's buffer broadcast), platform
+    (F62) or misuse is set aside, neither passed nor failed; a known bug (F9) still counts against
+    conformance. The kinds come from the manifests (expectations/kinds.py), not from the report."""
+    cells = [samples.cell("torch-fsdp2", f"test_p{i}", "passed", family="train_parity") for i in range(2)]
+    for i, finding in enumerate(["F9", "F48", "F48", "F62"]):
+        cell = samples.cell("torch-fsdp2", f"test_k{i}", "xfailed", family="train_parity", message="E   known")
+        cell["expectation"] = {"reason": f"why {finding}", "repro": "r.py", "finding": finding}
+        cells.append(cell)
+    path = samples.write(tmp_path, "kinds.json", samples.report(cells))
+    assert cli.main(["matrix", path]) == 0
+    out = capsys.readouterr().out
+    # 6 reached, 3 set aside (2 by design, 1 platform): conformance 2 passed of 3 judged, not 2 of 6
+    assert "| torch-fsdp2 | behaviour | **100.0% (6/6)** | 66.7% (2/3) | 2 passed, 1 xfailed, 2 by design, 1 platform |" in out
+    assert "By kind (docs/findings.md): 1 bug, 1 by design, 1 platform. Conformance counts the bugs only." in out
+    bugs, design, platform = (out.index("#### Bugs (1 cells)"), out.index("#### Set aside: by design (2 cells)"),
+                              out.index("#### Set aside: platform (1 cells)"))
+    assert bugs < design < platform
+    assert ("##### F48 · torch-fsdp2 · 2 cell(s) · differs from DDP, by design "
+            "(https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html)") in out
+    assert "##### F62 · torch-fsdp2 · 1 cell(s) · platform" in out
+    page = tmp_path / "k.html"
+    assert cli.main(["matrix", path, "--html", str(page)]) == 0
+    text = page.read_text()
+    assert "<b>66.7%</b> (2/3)" in text and "· differs from DDP, by design (https://docs.pytorch.org" in text
+    # the JSON report's own summary keeps schema 6's tally: passed / reached, nothing set aside
+    assert coverage.by_impl(cells)["torch-fsdp2"]["all"]["conformance"] == 33.33
+    assert coverage.by_impl(cells, bugs_only=True)["torch-fsdp2"]["all"]["conformance"] == 66.67
 
 
 def test_report_without_reports_of_its_layer_is_other():

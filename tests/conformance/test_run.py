@@ -232,6 +232,33 @@ def test_progress_counts_cells_and_only_failures_and_errors_fail_the_run():
     assert re.search(r"│ b +│ +0 │ +1 │ +0 │ +1 │ +2 │", buffer.getvalue()), buffer.getvalue()
 
 
+def test_the_summary_sets_aside_known_failures_that_are_no_bug():
+    """Issue 61: `shardcheck run`'s summary says each kind apart; conformance counts bugs only."""
+    buffer = io.StringIO()
+    progress = RunProgress(console=Console(file=buffer, width=160), every=100, interval_s=3600)
+
+    def cell(nodeid, finding=None):
+        props = [(PARAMS_PROPERTY, {"impl": "torch-fsdp2"})]
+        if finding:
+            props.append(("expectation", {"reason": "r", "repro": "r.py", "finding": finding}))
+            phases = [("setup", "passed"), ("call", "skipped", None, {"wasxfail": "known"}), ("teardown", "passed")]
+        else:
+            phases = [("setup", "passed"), ("call", "passed"), ("teardown", "passed")]
+        _feed(progress, nodeid, *[(when, outcome, longrepr, {**extra, "user_properties": props})
+                                  for when, outcome, longrepr, extra in (p + (None, {})[len(p) - 2:] for p in phases)])
+
+    cell("test_a.py::ok[torch-fsdp2]")
+    cell("test_a.py::bug[torch-fsdp2]", "F9")
+    cell("test_a.py::buffers[torch-fsdp2]", "F48")  # by design: judged by DDP's convention
+    assert progress.by_outcome() == {"passed": 1, "xfailed": 1, "by design": 1}
+    total = progress.coverage()["torch-fsdp2"]["all"]
+    assert (total["reached"], total["set_aside"], total["judged"], total["conformance"]) == (3, 1, 2, 50.0)
+    assert progress.exit_code(0) == 0
+    progress.print_summary()
+    text = buffer.getvalue()
+    assert "by design" in text and "set aside" in text and "50.0%" in text, text
+
+
 def test_the_summary_says_why_cells_reached_no_verdict_and_nothing_reached_fails_the_run(capsys):
     buffer = io.StringIO()
     progress = RunProgress(console=Console(file=buffer, width=80), every=100, interval_s=3600)

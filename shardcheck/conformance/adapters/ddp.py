@@ -26,9 +26,15 @@ class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "activation_checkpointing", "buffers", "compile"}
 
     def prepare(self, model: nn.Module, spec: ShardSpec, recipe) -> nn.Module:
-        """DDP needs to be told of parameters that get no gradient (`find_unused_parameters`),
-        as its users do for such a model."""
-        return self.shard(model, spec, find_unused_parameters=bool(recipe.unused))
+        """DDP needs to be told of parameters that get no gradient (`find_unused_parameters`), as its
+        documentation prescribes for a model whose parameters are unused or frozen in some iteration
+        (https://docs.pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html:
+        the argument's description, and the "Expected to have finished reduction in the prior
+        iteration" error, which names it): a model with unused parameters, frozen ones, or a
+        schedule that changes requires_grad (FINDINGS F54: with it, a layer frozen after wrapping is
+        averaged; a layer unfrozen after wrapping still is not, as DDP documents)."""
+        changes = bool(recipe.unused or recipe.frozen or recipe.requires_grad_at)
+        return self.shard(model, spec, find_unused_parameters=changes)
 
     def no_sync(self, model):
         return model.no_sync()

@@ -5,12 +5,16 @@
     reason = "why it fails: the root cause, with the source line where known"
     repro = "shardcheck/conformance/expectations/repros/fsdp2_inf_norm_empty_shard.py"  # a runnable file in the repo
     error = "cannot compute the infinity norm on an empty tensor"  # a regex the failure must show
+    kind = "bug"            # bug, by design, platform or misuse: expectations/kinds.py, docs/findings.md
     finding = "F9"          # optional: the FINDINGS.md entry (the matrix groups by it)
     torch = ">=2.13,<2.14"  # optional: torch versions the entry applies to
     version = "<0.20"       # optional: versions of the implementation itself
     variants = ["flat"]     # optional: only these variants ("default": the plain name); else all
+    document = "https://..."  # where the engine documents the behaviour: required for kind "by design"
+    convention = "DDP"      # optional, "by design": whose convention the cell judges by ("differs from DDP")
 
-Any other key is an error, so is an entry without cells, reason, repro and error. `error` is a
+Any other key is an error, so is an entry without cells, reason, repro, error and kind, or with a
+kind outside shardcheck/conformance/expectations/kinds.py's KINDS. `error` is a
 Python regex, compiled when the manifest loads (a bad one is an error) and searched (re.search) in
 the failure text of each cell the entry marks (what the run prints and the report keeps: for a
 distributed cell the ranks' verdict, headline and rank blocks): a cell that fails with a text it
@@ -40,10 +44,12 @@ import torch
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from shardcheck.conformance.expectations import kinds
+
 HERE = Path(__file__).parent
-REQUIRED = {"cells", "reason", "repro", "error"}
-EXPLORE_REQUIRED = {"facts", "error", "reason", "repro"}
-OPTIONAL = {"finding", "torch", "version", "variants"}
+REQUIRED = {"cells", "reason", "repro", "error", "kind"}
+EXPLORE_REQUIRED = {"facts", "error", "reason", "repro", "kind"}
+OPTIONAL = {"finding", "torch", "version", "variants", "document", "convention"}
 
 
 class ManifestError(ValueError):
@@ -155,6 +161,9 @@ def _load(adapter, table: str, required: set[str]) -> list[dict]:
         if extra:
             raise ManifestError(f"{where}: unknown key(s) {', '.join(sorted(extra))} "
                                 f"(known: {', '.join(sorted(required | OPTIONAL))})")
+        bad_kind = kinds.problem(entry)
+        if bad_kind:
+            raise ManifestError(f"{where}: {bad_kind} (shardcheck/conformance/expectations/kinds.py)")
         if table == "xfail" and (not isinstance(entry["cells"], list) or not entry["cells"]):
             raise ManifestError(f"{where}: cells must be a non-empty list of globs")
         compiled = {"_error": _compiled(entry["error"], where)} if "error" in entry else {}

@@ -13,11 +13,16 @@ renders, as Markdown (stdout by default, fit for a CI job summary) and a self-co
 - the families x implementations table;
 - memory per rank against world size from the family sharding (shardcheck.conformance.report.footprints; with
   `--memory-chart OUT.svg` also a picture, linked from the Markdown);
-- the known failures (xfailed cells) grouped by finding, with reason and reproduction;
+- the known failures (xfailed cells) grouped by finding, with reason and reproduction, by kind
+  (shardcheck.conformance.expectations.kinds: bugs first, then what is set aside: by design,
+  platform, misuse; a by-design cell judged by another engine's convention says "differs from DDP,
+  by design (document)");
 - the failing cells.
 
-Coverage = cells that reached a verdict / cells collected; conformance = passed / reached (an
-xfailed, known failure counts as not passed): shardcheck.conformance.report.coverage.
+Coverage = cells that reached a verdict / cells collected; conformance = passed / judged, the cells
+that reached a verdict less the known failures that are no bug (an xfailed bug counts as not
+passed): shardcheck.conformance.report.coverage with bugs_only. Reports keep no kind: it is judged at
+matrix time from the manifests (a finding they do not know counts as a bug).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from shardcheck.conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
+from shardcheck.conformance.expectations import kinds
 from shardcheck.conformance.report import coverage, footprints, texts, trend
 from shardcheck.conformance.report.cells import strip_impl
 from shardcheck.conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
@@ -33,7 +39,9 @@ from shardcheck.conformance.report.reading import SCHEMA, SCHEMA_VERSION, Report
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "ReportError", "load", "validate", "markdown"]
 FOLD = 5                                  # longer lists of a finding's cells are folded (<details>)
 NOTE = ("Coverage = cells that reached a verdict / cells collected (unsupported and skipped cells did not "
-        "reach one). Conformance = passed / reached (an xfailed, known failure counts as not passed).")
+        "reach one). Conformance = passed / judged: the cells that reached a verdict, less the known failures "
+        "that are no bug (by design, platform, misuse: set aside, listed apart below); a known bug counts as "
+        "not passed. Kinds: docs/findings.md.")
 
 
 def cell_id(report: dict, cell: dict) -> str:
@@ -123,21 +131,23 @@ def tabulate(cells: dict[tuple[str, str], dict]):
     """(families, columns, {(family, column): Counter of outcomes}), with an "all" row."""
     counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for (column, _), cell in cells.items():
-        counts[cell["family"], column][cell["outcome"]] += 1
-        counts["all", column][cell["outcome"]] += 1
+        verdict = coverage.verdict_of(cell)  # a known failure that is no bug: its kind
+        counts[cell["family"], column][verdict] += 1
+        counts["all", column][verdict] += 1
     families = sorted({f for f, _ in counts} - {"all"}) + ["all"]
     columns = list(dict.fromkeys(column for column, _ in cells))
     return families, columns, counts
 
 
 def rate(counter: Counter) -> float | None:
-    """Conformance of a family x implementation cell of the table: passed / reached, in percent."""
-    ran = sum(n for outcome, n in counter.items() if outcome not in NOT_REACHED)
+    """Conformance of a family x implementation cell of the table: passed / judged (reached, less
+    the known failures that are no bug), in percent."""
+    ran = sum(n for outcome, n in counter.items() if outcome not in NOT_REACHED and outcome not in coverage.SET_ASIDE)
     return 100.0 * counter["passed"] / ran if ran else None
 
 
 def describe(counter: Counter) -> str:
-    return ", ".join(f"{counter[o]} {o}" for o in OUTCOMES if counter[o])
+    return ", ".join(f"{counter[o]} {o}" for o in (*OUTCOMES, *coverage.SET_ASIDE) if counter[o])
 
 
 def rows(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, dict, Counter]]:
@@ -147,11 +157,13 @@ def rows(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, dict, Count
     flat = []
     for (column, _), cell in cells.items():
         layer = cell.get("layer") or coverage.layer_of(cell["family"])
-        flat.append({"impl": column, "family": cell["family"], "layer": layer, "outcome": cell["outcome"]})
-        outcomes[column, layer][cell["outcome"]] += 1
-        outcomes[column, coverage.ALL][cell["outcome"]] += 1
+        verdict = coverage.verdict_of(cell)
+        flat.append({"impl": column, "family": cell["family"], "layer": layer, "outcome": cell["outcome"],
+                     "kind": verdict if verdict in coverage.SET_ASIDE else None})
+        outcomes[column, layer][verdict] += 1
+        outcomes[column, coverage.ALL][verdict] += 1
     out = []
-    for column, layers in coverage.by_impl(flat).items():
+    for column, layers in coverage.by_impl(flat, bugs_only=True).items():
         for layer, tally in layers.items():
             if layer != coverage.ALL or len(layers) > 2:
                 out.append((column, layer, tally, outcomes[column, layer]))
@@ -160,22 +172,31 @@ def rows(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, dict, Count
 
 def known(cells: dict[tuple[str, str], dict]) -> list[dict]:
     """The xfailed cells grouped by finding (or, without one, by reason): [{finding, reason, repro,
-    cells: [(column, cell id)]}], findings in number order first."""
+    kind, label, cells: [(column, cell id)]}], bugs first, then by design, platform, misuse; findings in
+    number order first within a kind. `label`: "bug", "platform", ..., "by design (document)" or
+    "differs from DDP, by design (document)" (shardcheck.conformance.expectations.kinds.label)."""
     groups: dict[str, dict] = {}
     for (column, cid), cell in cells.items():
         if cell["outcome"] != "xfailed":
             continue
         exp = cell.get("expectation") or {"reason": first_line(cell["message"]) or "xfail marker", "repro": ""}
         key = exp.get("finding") or exp["reason"]
+        kind, document, convention = kinds.of_expectation(exp)
         group = groups.setdefault(key, {"finding": exp.get("finding"), "reason": exp["reason"],
-                                        "repro": exp.get("repro", ""), "cells": []})
+                                        "repro": exp.get("repro", ""), "kind": kind,
+                                        "label": kinds.label(kind, document, convention), "cells": []})
         group["cells"].append((column, cid))
 
     def order(group):
         finding = group["finding"] or ""
         digits = "".join(ch for ch in finding if ch.isdigit())
-        return (not finding, int(digits) if digits else 0, finding, group["reason"])
+        return (kinds.KINDS.index(group["kind"]), not finding, int(digits) if digits else 0, finding, group["reason"])
     return sorted(groups.values(), key=order)
+
+
+def known_counts(groups: list[dict]) -> dict[str, int]:
+    """{kind: findings (groups) of that kind}, in kinds.KINDS order, kinds with none left out."""
+    return {kind: n for kind in kinds.KINDS if (n := sum(g["kind"] == kind for g in groups))}
 
 
 def failing(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, str]]:
@@ -214,7 +235,7 @@ def markdown(reports: list[dict], chart: str | None = None) -> str:
     for column, layer, tally, outcomes in rows(cells):
         name = f"**{layer}**" if layer == coverage.ALL else layer
         out.append(f"| {_md(column)} | {name} | **{_ratio(tally, 'coverage', 'reached', 'collected')}** | "
-                   f"{_ratio(tally, 'conformance', 'passed', 'reached')} | {describe(outcomes)} |")
+                   f"{_ratio(tally, 'conformance', 'passed', 'judged')} | {describe(outcomes)} |")
     out += ["", NOTE, "", "### By family", "",
             "| family | " + " | ".join(_md(c) for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for family in families:
@@ -223,11 +244,18 @@ def markdown(reports: list[dict], chart: str | None = None) -> str:
         out.append(f"| {'**all**' if family == 'all' else _md(family)} | " + " | ".join(row) + " |")
     out += footprints.markdown(cells, chart)
     groups = known(cells)
-    out += ["", f"### Known failures ({sum(len(g['cells']) for g in groups)} cells, {len(groups)} findings)"]
+    out += ["", f"### Known failures ({sum(len(g['cells']) for g in groups)} cells, {len(groups)} findings)", "",
+            "By kind (docs/findings.md): " + (", ".join(f"{n} {kind}" for kind, n in known_counts(groups).items())
+                                              or "none") + ". Conformance counts the bugs only."]
+    shown = None
     for g in groups:
+        if g["kind"] != shown:
+            shown = g["kind"]
+            out += ["", f"#### {'Bugs' if shown == kinds.BUG else f'Set aside: {shown}'} "
+                        f"({sum(len(x['cells']) for x in groups if x['kind'] == shown)} cells)"]
         impls = sorted({column for column, _ in g["cells"]})
-        out += ["", f"#### {_md(g['finding'] or 'no finding id')} · {_md(', '.join(impls))} · "
-                    f"{len(g['cells'])} cell(s)", "", _md(g["reason"]), ""]
+        out += ["", f"##### {_md(g['finding'] or 'no finding id')} · {_md(', '.join(impls))} · "
+                    f"{len(g['cells'])} cell(s) · {_md(g['label'])}", "", _md(g["reason"]), ""]
         if g["repro"]:
             out += [f"Reproduction: {_code(g['repro'])}", ""]
         items = [f"- {_md(column)} {_code(cid)}" for column, cid in g["cells"]]

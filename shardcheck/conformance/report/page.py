@@ -15,7 +15,7 @@ import math
 from shardcheck.conformance.checks.support.tolerances import dtype_of
 from shardcheck.conformance.report import coverage, footprints, trend
 from shardcheck.conformance.report.matrix import (FOLD, NOTE, column_sources, describe, failing, first_line, header,
-                                                  known, merge, newest_last, rate, rows, tabulate)
+                                                  known, known_counts, merge, newest_last, rate, rows, tabulate)
 
 # The grid's mark and colour per outcome
 MARKS = {"passed": ("✓", "#c9ecc9"), "failed": ("✗", "#f4b4b4"), "error": ("E", "#f4b4b4"),
@@ -56,7 +56,7 @@ def chart_png(table_rows) -> bytes:
     ax.set_yticks(list(ys), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 112)
-    ax.set_xlabel("% (coverage = reached / collected; conformance = passed / reached)")
+    ax.set_xlabel("% (coverage = reached / collected; conformance = passed / judged: bugs only)")
     ax.legend(fontsize=8, loc="lower right", frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
@@ -79,7 +79,7 @@ def _known_html(groups: list[dict]) -> str:
         items = "".join(f"<li>{e(column)} <code>{e(cid)}</code></li>" for column, cid in g["cells"])
         repro = f"<p>Reproduction: <code>{e(g['repro'])}</code></p>" if g["repro"] else ""
         parts.append(f'<div class="finding"><h3>{e(g["finding"] or "no finding id")} · {e(impls)} · '
-                     f'{len(g["cells"])} cell(s)</h3><p>{e(g["reason"])}</p>{repro}{_fold(f"<ul>{items}</ul>", len(g["cells"]))}</div>')
+                     f'{len(g["cells"])} cell(s) · {e(g["label"])}</h3><p>{e(g["reason"])}</p>{repro}{_fold(f"<ul>{items}</ul>", len(g["cells"]))}</div>')
     return "".join(parts)
 
 
@@ -157,7 +157,7 @@ def trend_html(reports: list[dict]) -> str:
     shown when some implementation was run more than once."""
     e = html.escape
     runs = newest_last(reports)
-    tallies = [coverage.by_impl(report["cells"]) for report in runs]
+    tallies = [coverage.by_impl(report["cells"], bugs_only=True) for report in runs]
     impls = sorted({impl for tally in tallies for impl in tally})
     if not any(sum(impl in tally for tally in tallies) > 1 for impl in impls):
         return "<p>One run per implementation: no trend.</p>"
@@ -208,7 +208,7 @@ def html_page(reports: list[dict]) -> str:
         impl_rows.append(
             f'<tr class="{"all" if layer == coverage.ALL else ""}"><th>{e(column)}</th><td>{e(layer)}</td>'
             f'<td class="rate {_css_class(cov)}"><b>{coverage.show(cov)}</b> ({tally["reached"]}/{tally["collected"]})</td>'
-            f'<td class="rate {_css_class(conf)}"><b>{coverage.show(conf)}</b> ({tally["passed"]}/{tally["reached"]})</td>'
+            f'<td class="rate {_css_class(conf)}"><b>{coverage.show(conf)}</b> ({tally["passed"]}/{tally["judged"]})</td>'
             f"<td>{e(describe(outcomes))}</td></tr>")
     head = "".join(f"<th>{e(c)}</th>" for c in columns)
     family_rows = []
@@ -264,6 +264,8 @@ comparisons, 1 being the tolerance (hover a bar for the cell).</p>
 <h2>Across releases</h2>
 {releases_html(cells, reports)}
 <h2>Known failures ({sum(len(g["cells"]) for g in groups)} cells, {len(groups)} findings)</h2>
+<p class="note">By kind (docs/findings.md): {e(", ".join(f"{n} {k}" for k, n in known_counts(groups).items()) or "none")}.
+Conformance counts the bugs only; by design, platform and misuse are set aside.</p>
 {_known_html(groups)}
 <h2>Failing cells ({len(fails)})</h2>
 {failing_table}
