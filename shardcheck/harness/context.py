@@ -30,6 +30,10 @@ def manual_seed(seed: int) -> None:
         torch.manual_seed(seed)
 
 
+class SeededCollective(RuntimeError):
+    """A collective inside `RankContext.seeded` in thread mode (it would never return)."""
+
+
 @dataclass
 class RankContext:
     rank: int
@@ -71,12 +75,27 @@ class RankContext:
         a formatted stack each, for CUDA, XPU and MTIA, which a CPU rank never initialises.
         """
         on_gpu = self.device.type == "cuda"
-        with _RNG_LOCK, torch.random.fork_rng(devices=[self.device] if on_gpu else []):
+        with _RNG_LOCK, torch.random.fork_rng(devices=[self.device] if on_gpu else []), self._no_collective():
             if on_gpu:
                 torch.manual_seed(seed)
             else:
                 torch.default_generator.manual_seed(seed)
             yield
+
+    def _no_collective(self):
+        """In thread mode a collective inside a seeded block waits forever for ranks that wait for
+        the block's lock: it fails at once instead, naming the collective (on CUDA, DTensor's random
+        ops broadcast a seed the first time: initialise `local_part(p)` there)."""
+        if not self.is_threaded:
+            return contextlib.nullcontext()
+        from shardcheck.harness.threads import tap_collectives
+
+        def refuse(method, args, backend):
+            raise SeededCollective(
+                f"a collective ({method}) inside ctx.seeded in thread mode: the ranks share one RNG, "
+                f"so seeded blocks take turns and this collective would wait forever for the others")
+
+        return tap_collectives(refuse)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order, on every rank."""

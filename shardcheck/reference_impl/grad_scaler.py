@@ -38,9 +38,29 @@ class ShardedGradScaler(torch.amp.GradScaler):
         self.process_group = process_group
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16: bool = True):
-        """``grad *= inv_scale`` for every gradient (dense or sparse, fp16 allowed); returns
-        ``{device: found_inf}`` like torch."""
-        return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+        """``grad *= inv_scale`` for every gradient (dense or sparse; float32, float16 or bfloat16),
+        computed in float32 and rounded once to the gradient's dtype; returns ``{device: found_inf}``,
+        1 on a device where a gradient held an inf or NaN, like torch. Written out: torch's
+        ``_amp_foreach_non_finite_check_and_unscale_`` refuses bfloat16 on CUDA, the gradients
+        ``keep_low_precision_grads`` leaves in bfloat16 included."""
+        per_device: dict[torch.device, torch.Tensor] = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    if not allow_fp16 and param.grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    if param.grad.is_sparse:  # coalesced first: duplicate float16 values may overflow when summed
+                        if param.grad.dtype is torch.float16:
+                            param.grad = param.grad.coalesce()
+                        grad = param.grad._values()
+                    else:
+                        grad = param.grad
+                    flag = per_device.setdefault(grad.device, found_inf.to(grad.device, copy=True))
+                    torch.maximum(flag, (~torch.isfinite(grad)).any().float(), out=flag)
+                    grad.copy_(grad.float() * inv_scale.to(grad.device))
+        return per_device
 
     def unscale_(self, optimizer) -> None:
         if not self._enabled:

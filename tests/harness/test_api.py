@@ -103,3 +103,14 @@ def test_a_chained_exception_is_headed_by_the_one_raised():
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     assert summary_line(text) == "AssertionError: buffer norm.running_mean seen by forward in float32"
     assert summary_line("Traceback (most recent call last):\n  File 'x'\nValueError: one") == "ValueError: one"
+
+
+@distributed(world_size=2, backend="threaded")
+def test_a_collective_inside_a_seeded_block_fails_at_once_in_thread_mode(ctx):
+    """Thread ranks share one RNG, so seeded blocks take turns: a collective there would wait forever
+    for the ranks waiting for the block (DTensor's first random op on CUDA broadcasts a seed)."""
+    from shardcheck.harness.context import SeededCollective
+
+    with pytest.raises(SeededCollective, match=r"\(allreduce\) inside ctx.seeded in thread mode"):
+        with ctx.seeded(0):
+            dist.all_reduce(torch.ones(1))

@@ -27,7 +27,7 @@ from shardcheck.conformance.checks.support.compare import assert_close
 from shardcheck.conformance.checks.support.dp_reference import average_gradients_
 from shardcheck.conformance.checks.support.models import MLP
 from shardcheck.conformance.checks.support.subclasses import TwoTensor
-from shardcheck.conformance.checks.support.tensors import full_value
+from shardcheck.conformance.checks.support.tensors import full_value, local_part
 from shardcheck.harness import distributed
 
 pytestmark = pytest.mark.requires("all_gather_extensions")
@@ -235,8 +235,8 @@ def test_meta_init_end_to_end(ctx, impl, reshard_after_forward, signature):
     model = impl.shard(model, spec)
     model.to_empty(device=ctx.device)
     with ctx.seeded(100 + ctx.rank):  # every rank draws its OWN values: the full tensor is their concatenation
-        for p in model.parameters():
-            nn.init.trunc_normal_(p)
+        for p in model.parameters():  # into its own rows (DTensor's random ops on CUDA broadcast a seed)
+            nn.init.trunc_normal_(local_part(p))
     local = {n: _split({n: t}, {n: t})[0] for n, t in impl.local_shards(model).items()}
     gathered = [None] * ctx.world_size
     dist.all_gather_object(gathered, {n: {k: v.detach().cpu() for k, v in d.items()} for n, d in local.items()},
@@ -311,8 +311,8 @@ def test_monkey_patch(ctx, impl, signature):
     model = impl.shard(_mlp_stack(meta=True), ShardSpec(units=(MLP,), mesh=ctx.mesh()))
     model.to_empty(device=ctx.device)
     with ctx.seeded(0):
-        for p in model.parameters():
-            nn.init.trunc_normal_(p)
+        for p in model.parameters():  # its own rows (DTensor's random ops on CUDA broadcast a seed)
+            nn.init.trunc_normal_(local_part(p))
     ref = _mlp_stack().to(ctx.device)
     with torch.no_grad():  # before patching: the hooks' bf16 view is not the parameters' value
         for n, p in impl.full_params(model).items():
