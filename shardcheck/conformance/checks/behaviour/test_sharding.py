@@ -101,7 +101,7 @@ def _judge(ctx, impl, strategy):
 
 @distributed(world_size=[1, 2, 4])
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"])})
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_sharding(ctx, impl, strategy):
     """Memory held, gathered and sent per rank, against the strategy's promise."""
     _judge(ctx, impl, strategy)
