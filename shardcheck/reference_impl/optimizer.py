@@ -21,6 +21,8 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from shardcheck.compat import set_grad
+
 from . import collectives as C
 
 
@@ -67,7 +69,7 @@ class ShardedOptimizer:
             inner.update({k: v for k, v in mine.items() if k != "params"})
         stepped = [i for i, p in enumerate(self.params) if p.grad is not None]
         for i in stepped:
-            self.views[i].grad = C.shard_rows(self.params[i].grad, self.slots[i], self.rank)
+            set_grad(self.views[i], C.shard_rows(self.params[i].grad, self.slots[i], self.rank))  # low-precision too
         self.inner.step()
         for i in stepped:
             self.views[i].grad = None

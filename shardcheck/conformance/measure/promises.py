@@ -217,7 +217,7 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
         got = traffic.get(kind, {}).get("sent", 0.0)
         name = f"{kind} bytes sent"
         if kind == "all_gather" and strategy == OPTIMIZER_ONLY:
-            got, name = sum(traffic.get(k, {}).get("sent", 0.0) for k in REDISTRIBUTION), "all_gather + broadcast bytes sent"
+            got, name = sum(traffic.get(k, {}).get("sent", 0.0) for k in REDISTRIBUTION), "all_gather or broadcast bytes sent"
         low = LOW * formula if formula else 0.0
         out.append(Row(name, got, HIGH * padded[kind] + SMALL, low=low, unit="per step"))
     for kind, row in sorted(traffic.items()):
