@@ -22,6 +22,7 @@ BUILTIN = {
     "torch-fsdp2": "shardcheck.conformance.adapters.torch_fsdp2:TorchFSDP2Adapter",
     "torch-fsdp1": "shardcheck.conformance.adapters.torch_fsdp1:TorchFSDP1Adapter",
     "ddp": "shardcheck.conformance.adapters.ddp:DDPAdapter",
+    "torch-zero": "shardcheck.conformance.adapters.torch_zero:TorchZeroAdapter",
     "deepspeed": "shardcheck.conformance.adapters.deepspeed:DeepSpeedAdapter",
     "torchtitan-simplefsdp": "shardcheck.conformance.adapters.torchtitan_simplefsdp:SimpleFSDPAdapter",
     "megatron-fsdp": "shardcheck.conformance.adapters.megatron_fsdp:MegatronFSDPAdapter",
