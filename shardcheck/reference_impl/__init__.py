@@ -25,6 +25,10 @@ What each collective computes.  With ``W`` data-parallel ranks and local gradien
 * ``clip_grad_norm_``: one all-reduce of the local ``sum |g|^p`` (or max for ``p = inf``), each
   element counted once; ``ShardedGradScaler``: one all-reduce of the local ``found_inf`` flags.
 
+SHARD_OPTIMIZER (ZeRO-1): NO_SHARD units, and ``ShardedOptimizer`` around the torch optimizer: each
+rank steps only its rows of every parameter (its ~1/n of the optimizer state), then one all-gather
+per dtype makes the parameters whole again (``optimizer.py``).
+
 Gradient accumulation: backwards inside ``no_sync(root)`` keep full gradients on the rank,
 summed; the next backward reduces the sum with its own (``accumulation.py``).
 
@@ -50,6 +54,7 @@ from .comm_hooks import (
 from .full_state import full_grads, full_params, full_state
 from .grad_scaler import ShardedGradScaler
 from .mixed_precision import MixedPrecision
+from .optimizer import ShardedOptimizer
 from .sharding import ShardingStrategy, Unit, local_shard, shard, units
 from .tensor_parallel import parallelize
 
@@ -57,5 +62,5 @@ __all__ = [
     "shard", "no_sync", "ShardingStrategy", "MixedPrecision", "Unit", "units", "local_shard",
     "full_params", "full_state", "full_grads", "clip_grad_norm_", "ShardedGradScaler",
     "register_comm_hook", "DefaultState", "LowPrecisionState", "allreduce_hook",
-    "reduce_scatter_hook", "fp16_compress_hook", "bf16_compress_hook", "parallelize",
+    "reduce_scatter_hook", "fp16_compress_hook", "bf16_compress_hook", "parallelize", "ShardedOptimizer",
 ]

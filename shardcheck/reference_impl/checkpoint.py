@@ -3,7 +3,8 @@
 The format (one directory)::
 
     rank-<r>.pt   what data-parallel rank r holds: for every parameter its rows [start, end) of the
-                  full tensor, the optimizer state of those rows, and the model's buffers
+                  full tensor, the optimizer state it holds and of which rows (those rows, or under
+                  SHARD_OPTIMIZER the rows its ShardedOptimizer steps), and the model's buffers
     meta.json     written last, by rank 0: format and version, world size, every parameter's full
                   shape and dtype, every unit's strategy, each rank file's size and SHA-256, the
                   optimizer's hyper-parameters and the grad scaler's state (scale, growth tracker)
@@ -30,6 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import collectives as C
+from .optimizer import ShardedOptimizer
 from .sharding import unit_of, units
 
 FORMAT, VERSION = "reference_impl-checkpoint", 2
@@ -61,7 +63,14 @@ def saved_rows(unit, sp) -> tuple[int, int]:
 
 def optimizer_pieces(optimizer: torch.optim.Optimizer, shard: torch.Tensor) -> dict:
     """The optimizer state of one shard, detached copies (tensors shaped like the shard are its rows)."""
-    return {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in optimizer.state.get(shard, {}).items()}
+    state = optimizer.state_of(shard) if isinstance(optimizer, ShardedOptimizer) else optimizer.state.get(shard, {})
+    return {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in state.items()}
+
+
+def optimizer_rows(optimizer, unit, sp) -> tuple[int, int]:
+    """The rows of the full parameter whose optimizer state this rank holds: its shard's, or under
+    SHARD_OPTIMIZER (a whole parameter) the rows its ShardedOptimizer steps."""
+    return optimizer.rows_of(sp.shard) if isinstance(optimizer, ShardedOptimizer) else saved_rows(unit, sp)
 
 
 def save(path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler=None) -> None:
@@ -74,7 +83,8 @@ def save(path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler=None) 
     dist.barrier(group=group)
     shards = _shards(model)
     pieces = {name: {"rows": saved_rows(u, sp), "value": sp.shard.detach().cpu().clone(),
-                     "optimizer": optimizer_pieces(optimizer, sp.shard)} for name, (u, sp) in shards.items()}
+                     "optimizer": optimizer_pieces(optimizer, sp.shard), "optimizer_rows": optimizer_rows(optimizer, u, sp)}
+              for name, (u, sp) in shards.items()}
     payload = {"params": pieces, "buffers": {n: b.detach().cpu().clone() for n, b in model.named_buffers()}}
     torch.save(payload, path / rank_file(rank))
     sizes = [None] * world
@@ -178,7 +188,7 @@ def load(path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler=None) 
         for name, (u, sp) in shards.items():
             pieces = [(tuple(f["params"][name]["rows"]), f["params"][name]["value"]) for f in files]
             sp.shard.copy_(keep_rows(assemble(name, meta["params"][name]["shape"], pieces), u, sp))
-            load_optimizer_state(optimizer, name, u, sp, [(tuple(f["params"][name]["rows"]),
+            load_optimizer_state(optimizer, name, u, sp, [(tuple(f["params"][name]["optimizer_rows"]),
                                                            f["params"][name]["optimizer"]) for f in files])
         for name, b in model.named_buffers():
             b.copy_(files[0]["buffers"][name])
@@ -207,7 +217,9 @@ def full_optimizer_entry(name: str, sp, pieces: list) -> dict:
 def load_optimizer_state(optimizer, name: str, unit, sp, pieces: list) -> None:
     """Set ``optimizer.state[shard]``: row-sharded tensors reassembled and re-cut, the rest from rank 0."""
     full = full_optimizer_entry(name, sp, pieces)
-    if full:
+    if full and isinstance(optimizer, ShardedOptimizer):
+        optimizer.set_state(sp.shard, full)
+    elif full:
         optimizer.state[sp.shard] = {k: keep_rows(v, unit, sp).clone().to(sp.shard.device) if row_sharded(v, sp) else v
                                      for k, v in full.items()}
 
@@ -217,7 +229,8 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     hold. Collective over the data-parallel group."""
     shards = _shards(model)
     group = _dp_group(model)
-    mine = {name: (saved_rows(u, sp), optimizer_pieces(optimizer, sp.shard)) for name, (u, sp) in shards.items()}
+    mine = {name: (optimizer_rows(optimizer, u, sp), optimizer_pieces(optimizer, sp.shard))
+            for name, (u, sp) in shards.items()}
     everyone = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
     return {name: full_optimizer_entry(name, sp, [theirs[name] for theirs in everyone])

@@ -187,10 +187,59 @@ BAD_INPUT = [  # (arguments, exit status, a phrase of the one line on stderr)
     (["run", "--impl", "torch-fsdp1[nope]"], codes.UNKNOWN_NAME, "has no variant 'nope'"),
     (["run", "--impl", "broken_adapter:Adapter"], codes.ADAPTER_IMPORT, "raised ValueError: no engine here"),
     (["run", "--impl", "broken_syntax:Adapter"], codes.ADAPTER_IMPORT, "raised SyntaxError"),
+    (["run", "--impl", "broken_dependency:Adapter"], codes.ADAPTER_IMPORT,
+     "importing broken_dependency:Adapter raised ModuleNotFoundError: No module named 'no_such_engine_x'"),
+    (["run", "--impl", "broken_init:Adapter"], codes.ADAPTER_IMPORT, "calling broken_init:Adapter raised KeyError: 'rank'"),
+    (["run", "--impl", "incomplete:Adapter"], codes.ADAPTER_IMPORT, "Adapter.full_params missing"),
+    (["run", "--impl", "incomplete:Custom"], codes.ADAPTER_IMPORT, "MyTrainer.step, MyTrainer.save missing"),
+    (["run", "--impl", "misspelled:Adapter"], codes.UNKNOWN_NAME, "ful_shard (did you mean full_shard?)"),
+    (["run", "--impl", "no_such_module:Adapter"], codes.UNKNOWN_NAME, "No module named 'no_such_module'"),
     (["run", "--world-sizes", "7", *ONE_CELL[:2]], codes.NO_CELL, "no cell selected"),
     (["run", "-o", "afile/r.json", *ONE_CELL], codes.UNWRITABLE, "not a directory"),
     (["matrix", "nothere.json"], codes.USAGE, "nothere.json"),
 ]
+
+
+BROKEN_INIT = """
+class Adapter:
+    name, version, capabilities = "mine", "0", frozenset({"no_shard"})
+
+    def __init__(self):
+        import os
+        self.rank = os.environ["rank"]  # a mistake in the adapter's constructor: a KeyError, not an ImportError
+
+    def trainer(self, model, spec, recipe):
+        raise NotImplementedError
+"""
+INCOMPLETE = """
+from shardcheck.conformance.protocol import TorchStyleAdapter
+
+
+class Adapter(TorchStyleAdapter):  # full_params forgotten
+    name, version, capabilities = "mine", "0", frozenset({"no_shard"})
+
+    def shard(self, model, spec):
+        return model
+
+    def full_grads(self, model):
+        return {}
+
+
+class MyTrainer:  # step and (declared checkpoint) save forgotten
+    def forward_backward(self, batch): ...
+    def full_grads(self): ...
+    def full_params(self): ...
+    def load(self, path): ...
+    def full_state_dict(self): ...
+    def full_optimizer_state(self): ...
+
+
+class Custom:
+    name, version, capabilities = "custom", "0", frozenset({"no_shard", "checkpoint"})
+
+    def trainer(self, model, spec, recipe) -> MyTrainer:
+        return MyTrainer()
+"""
 
 
 @pytest.mark.parametrize("args, code, phrase", BAD_INPUT, ids=[" ".join(a[:3]) for a, _, _ in BAD_INPUT])
@@ -198,6 +247,10 @@ def test_bad_input_is_one_line_its_own_exit_status_and_no_file(tmp_path, args, c
     (tmp_path / "afile").write_text("")
     (tmp_path / "broken_adapter.py").write_text("raise ValueError('no engine here')\n")
     (tmp_path / "broken_syntax.py").write_text("def adapter(:\n")
+    (tmp_path / "broken_dependency.py").write_text("import no_such_engine_x\n")
+    (tmp_path / "broken_init.py").write_text(BROKEN_INIT)
+    (tmp_path / "incomplete.py").write_text(INCOMPLETE)
+    (tmp_path / "misspelled.py").write_text(INCOMPLETE.replace('"no_shard"', '"ful_shard"'))
     before = sorted(p.name for p in tmp_path.rglob("*"))
     proc = warm_python.run([*SHARDCHECK[1:], *args], cwd=tmp_path, timeout=300)
     lines = proc.stderr.strip().splitlines()

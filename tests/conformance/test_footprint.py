@@ -172,15 +172,41 @@ def test_no_shard_and_one_rank_are_judged_against_unsharded_training():
     assert _broken(promises.judge("SHARD_GRAD_OP", 1, 1, bucket, UNSHARDED, _shapes(1))[0]) == ["peak during the step"]
 
 
+def test_shard_optimizer_shards_the_optimizer_state_alone_and_redistributes_the_parameters():
+    """ZeRO-1 at 2 ranks: half the optimizer state, parameters and gradients whole, one all-reduce of
+    the gradients and P/2 sent redistributing the parameters (a broadcast from each owner, as torch's
+    ZeroRedundancyOptimizer does, or an all-gather). DDP with a plain Adam under the same name fails."""
+    def zero1(held, optimizer, **sent):
+        return {**_footprint(held, optimizer, P, gathered=0, peak=2 * P),
+                "traffic": {kind: {"sent": v} for kind, v in sent.items()}}
+
+    assert promises.sent_formulas("SHARD_OPTIMIZER", P, 2, 1) == {"all_gather": P / 2, "reduce_scatter": 0.0,
+                                                                  "all_reduce": P}
+    for redistribution in ("broadcast", "all_gather"):
+        good = zero1(2 * P, P, all_reduce=P, **{redistribution: P / 2})
+        assert promises.judge("SHARD_OPTIMIZER", 2, 1, good, UNSHARDED, _shapes(2))[0] == [], redistribution
+    imposter = zero1(3 * P, 2 * P, all_reduce=P)  # DDP + Adam: the whole state, nothing redistributed
+    failures, figures = promises.judge("SHARD_OPTIMIZER", 2, 1, imposter, UNSHARDED, _shapes(2))
+    assert _broken(failures) == ["optimizer state", "all_gather or broadcast bytes sent"]
+    assert figures["rows"]["optimizer state"][1] == P + promises.SMALL
+    twice = zero1(2 * P, P, all_reduce=P, broadcast=P / 2, all_gather=P / 2)  # redistributed twice
+    assert _broken(promises.judge("SHARD_OPTIMIZER", 2, 1, twice, UNSHARDED, _shapes(2))[0]) == [
+        "all_gather or broadcast bytes sent"]
+    sharded_grads = zero1(2 * P, P, all_reduce=P, broadcast=P / 2, reduce_scatter=P / 2)  # ZeRO-2's traffic
+    assert _broken(promises.judge("SHARD_OPTIMIZER", 2, 1, sharded_grads, UNSHARDED, _shapes(2))[0]) == [
+        "reduce_scatter bytes sent"]
+
+
 def test_no_sharding_cell_passes_without_a_promise():
     """Every cell of the family sharding (each strategy at world sizes 1, 2 and 4, the hybrid mesh)
     is judged by memory rows and by traffic rows: none can pass asserting nothing."""
-    cells = [(s, *(((1, w) if s == "NO_SHARD" else (w, 1)))) for s in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
-             for w in (1, 2, 4)] + [("HYBRID_SHARD", 2, 2)]
-    for strategy, n, r in cells:
+    cells = [(s, *(((1, w) if s == "NO_SHARD" else (w, 1))))
+             for s in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER") for w in (1, 2, 4)]
+    for strategy, n, r in cells + [("HYBRID_SHARD", 2, 2)]:
         names = {row.name for row in promises.rows(strategy, n, r, UNSHARDED, UNSHARDED, _shapes(n))}
-        assert {"held between steps", "gradients after backward", "peak during the step"} <= names, strategy
-        assert {f"{k} bytes sent" for k in promises.COLLECTIVES} <= names, (strategy, n, r)
+        assert {"held between steps", "optimizer state", "gradients after backward", "peak during the step"} <= names
+        gather = "all_gather or broadcast" if strategy == "SHARD_OPTIMIZER" else "all_gather"
+        assert {f"{k} bytes sent" for k in (gather, "reduce_scatter", "all_reduce")} <= names, (strategy, n, r)
 
 
 def test_shapes_pad_each_layout_to_the_shard_count():

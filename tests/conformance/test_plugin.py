@@ -125,7 +125,7 @@ def test_unknown_implementation_is_one_line(tmp_path):
     proc = warm_python.run(["-m", "pytest", "--shardcheck-impl", "nope", "--co"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 4
     assert ("unknown implementation 'nope'; available: accelerate, ddp, deepspeed, lightning, megatron-fsdp, "
-            "reference, torch-fsdp1, torch-fsdp2, torchtitan-simplefsdp") in proc.stderr
+            "reference, torch-fsdp1, torch-fsdp2, torch-zero, torchtitan-simplefsdp") in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -304,7 +304,7 @@ def test_a_run_where_every_cell_is_skipped_exits_1_with_the_reason(tmp_path):
     proc = _run("run", "--backend", "nccl", "--family", "train_parity", "--world-sizes", "2", "-o",
                 str(tmp_path / "r.json"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "reference: 28 skipped: nccl" in proc.stdout, proc.stdout
+    assert "reference: 38 skipped: nccl" in proc.stdout, proc.stdout
     assert "reference reached no cell" in proc.stderr, proc.stderr
 
 

@@ -10,18 +10,20 @@ command line) is every built-in implementation and variant whose dependencies ar
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from pathlib import Path
 from importlib.metadata import entry_points
 
-from shardcheck.conformance.protocol import Adapter
-from shardcheck.conformance.protocol.capabilities import unknown
+from shardcheck.conformance.protocol import Adapter, required
+from shardcheck.conformance.protocol.capabilities import CAPABILITIES, unknown
 
 BUILTIN = {
     "reference": "shardcheck.conformance.adapters.reference:ReferenceAdapter",
     "torch-fsdp2": "shardcheck.conformance.adapters.torch_fsdp2:TorchFSDP2Adapter",
     "torch-fsdp1": "shardcheck.conformance.adapters.torch_fsdp1:TorchFSDP1Adapter",
     "ddp": "shardcheck.conformance.adapters.ddp:DDPAdapter",
+    "torch-zero": "shardcheck.conformance.adapters.torch_zero:TorchZeroAdapter",
     "deepspeed": "shardcheck.conformance.adapters.deepspeed:DeepSpeedAdapter",
     "torchtitan-simplefsdp": "shardcheck.conformance.adapters.torchtitan_simplefsdp:SimpleFSDPAdapter",
     "megatron-fsdp": "shardcheck.conformance.adapters.megatron_fsdp:MegatronFSDPAdapter",
@@ -36,7 +38,9 @@ class UnknownAdapter(LookupError):
 
 
 class AdapterImportError(UnknownAdapter):
-    """An adapter whose module raised while it was imported (a SyntaxError, a ValueError, ...)."""
+    """An adapter that cannot be built: its module raised while it was imported (any exception, an
+    ImportError of a dependency included), its class or factory raised when called, or it lacks a
+    method what it declares needs (protocol/required.py). The CLI's exit status 6."""
 
 
 _EXAMPLE = Path(__file__).parents[1] / "examples" / "allreduce_engine.py"  # ships with the package
@@ -86,27 +90,49 @@ def load(spec: str) -> Adapter:
     if target is None:
         raise UnknownAdapter(f"unknown implementation {spec!r}; available: {', '.join(sorted(names))} "
                              f"(or give pkg.module:attr)")
+    module_name, _, attr = target.partition(":")
     try:
         obj = _import(target)
-    except (ImportError, AttributeError) as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise _broken(spec, f"importing {target}", exc) from None  # a module the adapter imports
+        raise UnknownAdapter(f"cannot load implementation {spec!r} from {target}: {exc}") from None
+    except AttributeError as exc:
         raise UnknownAdapter(f"cannot load implementation {spec!r} from {target}: {exc}") from None
     except Exception as exc:  # the adapter's own module is broken: one line, not pytest's INTERNALERROR
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise AdapterImportError(f"implementation {spec!r}: importing {target} raised "
-                                 f"{type(exc).__name__}: {first}") from None
+        raise _broken(spec, f"importing {target}", exc) from None
     if variant is not None:
         known = getattr(obj, "variants", {})
         if variant not in known:
             raise UnknownAdapter(f"{spec} has no variant {variant!r}; variants: "
                                  f"{', '.join(sorted(known)) or 'none'}")
-        adapter = obj(variant=variant)
-    else:
-        adapter = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Adapter)) else obj
+    try:
+        if variant is not None:
+            adapter = obj(variant=variant)
+        else:
+            adapter = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Adapter)) else obj
+    except Exception as exc:
+        raise _broken(spec, f"calling {target}", exc) from None
     if not isinstance(adapter, Adapter):
         raise UnknownAdapter(f"{target} is not a shardcheck adapter: it needs name, version, "
                              f"capabilities and trainer() (a worked example: {_EXAMPLE})")
     bad = unknown(adapter.capabilities)
     if bad:
-        raise UnknownAdapter(f"{spec} declares unknown capabilities {', '.join(bad)} "
+        raise UnknownAdapter(f"{spec} declares unknown capabilities {', '.join(map(_suggest, bad))} "
                              f"(the vocabulary: shardcheck/conformance/protocol/capabilities.py)")
+    gaps = required.missing(adapter)
+    if gaps:
+        raise AdapterImportError(f"implementation {spec!r}: {', '.join(gaps)} missing, required by what it "
+                                 f"declares (shardcheck/conformance/protocol/required.py)")
     return adapter
+
+
+def _broken(spec: str, doing: str, exc: BaseException) -> AdapterImportError:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return AdapterImportError(f"implementation {spec!r}: {doing} raised {type(exc).__name__}: {first}")
+
+
+def _suggest(name: str) -> str:
+    """`name`, with the capability it most likely misspells: "ful_shard (did you mean full_shard?)"."""
+    close = difflib.get_close_matches(name, CAPABILITIES, n=1)
+    return f"{name} (did you mean {close[0]}?)" if close else name

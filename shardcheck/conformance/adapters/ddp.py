@@ -21,6 +21,7 @@ _PREFIX = "module."
 class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
+    strategy = "NO_SHARD"  # the one strategy it answers (torch-zero: SHARD_OPTIMIZER)
     capabilities = TorchStyleAdapter.implied({"checkpoint", "checkpoint_reshard", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
         "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile"}
@@ -41,8 +42,8 @@ class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
 
     def shard(self, model: nn.Module, spec: ShardSpec, find_unused_parameters: bool = False):
         mp = spec.mixed_precision
-        if spec.strategies != {"NO_SHARD"} or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
-            raise Unsupported("DDP only replicates (NO_SHARD; no offload, buffer dtype or low-precision grads)")
+        if spec.strategies != {self.strategy} or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
+            raise Unsupported(f"DDP only replicates ({self.strategy}; no offload, buffer dtype or low-precision grads)")
         kwargs = {"mixed_precision": _MixedPrecision(mp.param_dtype, mp.reduce_dtype or mp.param_dtype)} if mp else {}
         group = spec.mesh.get_group() if spec.mesh is not None else None
         device_ids = [spec.device] if spec.device.type == "cuda" else None

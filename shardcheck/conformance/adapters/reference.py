@@ -9,6 +9,7 @@ from shardcheck.reference_impl import checkpoint
 from shardcheck.conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter
 
 STRATEGIES = {s.name: s for s in ri.ShardingStrategy}
+STRATEGIES["SHARD_OPTIMIZER"] = ri.ShardingStrategy.NO_SHARD  # units replicate; ShardedOptimizer shards the state
 
 
 def _mp(mp: MixedPrecision | None):
@@ -20,7 +21,7 @@ class ReferenceAdapter(TorchStyleAdapter):
     name = "reference"
     version = "0.1.0"
     capabilities = TorchStyleAdapter.implied({
-        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units", "orig_params",
+        "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "shard_optimizer", "mixed_strategy", "nested_units", "orig_params",
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "checkpoint_reshard", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
@@ -39,6 +40,12 @@ class ReferenceAdapter(TorchStyleAdapter):
             one(module, path)
         one(model, "")
         return model
+
+    def optimizer(self, model, spec: ShardSpec, recipe):
+        if spec.strategy != "SHARD_OPTIMIZER":
+            return recipe.optimizer.build(model.parameters())
+        group = spec.dp_mesh.get_group() if spec.dp_mesh is not None else torch.distributed.group.WORLD
+        return ri.ShardedOptimizer(model.parameters(), recipe.optimizer.build, group)
 
     def no_sync(self, model):
         return ri.no_sync(model)

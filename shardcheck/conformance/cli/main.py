@@ -37,8 +37,8 @@ draws whole training configurations, compares each with unsharded data-parallel 
 shrinks a new failure to a minimal configuration with a one-line reproducer.
 
     shardcheck releases torch==2.9.1,2.14.1 [--impl NAME]... [-- run args]   (cli/releases.py)
-
 runs the matrix on each release in a virtualenv of its own: one report per release and implementation.
+`shardcheck cells --impl NAME`: the cells a declaration reaches, and what each capability would add.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import pytest
 from shardcheck.conformance.checks import FAMILIES
 from shardcheck.conformance.cli import explore as explore_command
 from shardcheck.conformance.cli import exit_codes as codes
-from shardcheck.conformance.cli import interrupts, report_commands
+from shardcheck.conformance.cli import cells, interrupts, report_commands
 from shardcheck.conformance.cli import releases as releases_command
 from shardcheck.conformance.expectations import releases
 from shardcheck.harness import collector
@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_matrix_and_diff(sub)
     from shardcheck.conformance.simulate import command as simulate_command
     simulate_command.add_parser(sub)
-    explore_command.add_parser(sub)
-    releases_command.add_parser(sub)
+    for command in (explore_command, releases_command, cells):
+        command.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
     args.argv = full_argv
     if args.command == "simulate":
@@ -373,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         return _matrix_or_diff(args)
     if args.command == "report":
         return (report_commands.assemble if args.report_command == "assemble" else report_commands.upgrade)(args)
-    if args.command in ("explore", "releases"):
-        return explore_command.main(args) if args.command == "explore" else releases_command.main(args, passthrough)
+    if args.command in ("explore", "releases", "cells"):
+        return releases_command.main(args, passthrough) if args.command == "releases" else \
+            {"explore": explore_command, "cells": cells}[args.command].main(args)
     try:
         return _run(args, extra + passthrough)
     except KeyboardInterrupt:  # a Ctrl-C outside pytest's session: before its first cell, after its report

@@ -75,7 +75,7 @@ class Config:
 
     def shard_size(self, strategy: str) -> int:
         """The number of ranks one parameter is split over under `strategy`."""
-        if strategy == "NO_SHARD":
+        if strategy in ("NO_SHARD", "SHARD_OPTIMIZER"):  # parameters whole on every rank
             return 1
         if strategy == "HYBRID_SHARD" and self.mesh:
             return self.mesh[1]

@@ -70,8 +70,8 @@ def sharding(draw, capabilities, world_size: int, depth: int, tied: bool) -> dic
     units: tuple = ()
     if "nested_units" in capabilities:
         candidates = [i for i in range(depth) if not (tied and i in (0, depth - 1))]
-        flat = [s for s in strategies if s != "HYBRID_SHARD"]
-        mixed = "mixed_strategy" in capabilities and strategy != "HYBRID_SHARD"
+        flat = [s for s in strategies if s not in ("HYBRID_SHARD", "SHARD_OPTIMIZER")]  # whole-model strategies
+        mixed = "mixed_strategy" in capabilities and strategy not in ("HYBRID_SHARD", "SHARD_OPTIMIZER")
         units = tuple((i, draw(st.sampled_from(flat)) if mixed else strategy)
                       for i in subset(draw, candidates))
     return dict(strategy=strategy, mesh=mesh, units=units)

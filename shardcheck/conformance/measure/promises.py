@@ -3,7 +3,8 @@ model's shapes and the unsharded figures (footprint.measure of the yardstick), a
 one measured footprint against them.
 
 Notation: ``u`` the unsharded figures, ``n`` the shard group size (the world for a 1-D strategy,
-the shard dimension of HYBRID_SHARD's (replicate, shard) mesh; 1 for NO_SHARD), ``r`` the replicas,
+the shard dimension of HYBRID_SHARD's (replicate, shard) mesh; 1 for NO_SHARD; the world for
+SHARD_OPTIMIZER, whose optimizer state is what is sharded), ``r`` the replicas,
 ``P`` the parameter bytes, ``s`` the most parameter bytes one rank's shard holds with the padding
 its layout needs (`Shapes.shard_bytes`: per parameter, dim 0 padded to a multiple of n, or per
 unit, the flat parameter padded to a multiple of n, whichever is larger), ``k = s / P`` (1/n
@@ -16,25 +17,31 @@ bookkeeping (SMALL bytes):
                                                                   keeps whole, S: what it shards, of
                                                                   u.held + u.gradients; below)
     parameters held between steps every cell                   <= u.parameters * k + C  (the `nn.Parameter`
-                                                                  storages; SHARD_GRAD_OP: u.parameters + C)
+                                                                  storages; SHARD_GRAD_OP, SHARD_OPTIMIZER:
+                                                                  u.parameters + C)
     optimizer state              every cell                    <= u.optimizer * k + C
     gradients after backward     every cell                    <= u.gradients * k + C  (`.grad` and the
-                                                                  engine's own buffers born in the step)
+                                                                  engine's own buffers born in the step;
+                                                                  SHARD_OPTIMIZER: u.gradients + C)
     held after backward          every cell                    <= u.gradients * k + C  (growth over the
-                                                                  backward: gradients and leftovers)
+                                                                  backward: gradients and leftovers;
+                                                                  SHARD_OPTIMIZER: u.gradients + C)
     kept gathered after forward  FULL_SHARD, HYBRID_SHARD      <= R + U + C  (gathered in forward, alive
                                                                   at its end: the root, one unit at most)
     gathered at any moment       every cell                    FULL_SHARD, HYBRID_SHARD: <= R + 3U + C
                                                                   (the unit in use, one prefetched, one
                                                                   all-gather buffer being copied out);
                                                                   SHARD_GRAD_OP: <= P*n*k + 2U + C (all
-                                                                  units, kept until backward); NO_SHARD
-                                                                  and one rank: <= C (nothing to gather)
+                                                                  units, kept until backward);
+                                                                  SHARD_OPTIMIZER: <= P*n*k + C (the
+                                                                  parameters, if an all-gather
+                                                                  redistributed them); NO_SHARD and one
+                                                                  rank: <= C (nothing to gather)
     peak during the step         every cell                    sharded: <= u.forward + gathered bound
                                                                   + 2U (a unit's unsharded gradients and
                                                                   their reduce buffer) + u.gradients * k
-                                                                  + C; NO_SHARD and one rank: <= PEAK_OF_
-                                                                  UNSHARDED * u.peak + C
+                                                                  + C; NO_SHARD, SHARD_OPTIMIZER and one
+                                                                  rank: <= PEAK_OF_UNSHARDED * u.peak + C
     bytes sent, per kind         every cell                    within [LOW * f(P), HIGH * f(n*s)] + SMALL
                                                                   for each collective kind (all-gather,
                                                                   reduce-scatter, all-reduce); any other
@@ -42,8 +49,10 @@ bookkeeping (SMALL bytes):
 
 F and S by strategy: FULL_SHARD and HYBRID_SHARD shard everything (F = 0); SHARD_GRAD_OP keeps the
 parameters whole between steps (ZeRO-2; FSDP's SHARD_GRAD_OP frees them, which also passes) and
-shards the rest; NO_SHARD shards nothing (k = 1). An engine may keep its gradients between steps
-(FSDP1 frees them at the next forward), sharded like the rest.
+shards the rest; NO_SHARD shards nothing (k = 1); SHARD_OPTIMIZER (ZeRO-1) keeps the parameters and
+gradients whole and shards the optimizer state (F = everything but u.optimizer, S = u.optimizer).
+An engine may keep its gradients between steps (FSDP1 frees them at the next forward), sharded like
+the rest.
 
 The traffic formulas f per kind, in a ring (traffic.Collective.sent):
 
@@ -52,6 +61,11 @@ The traffic formulas f per kind, in a ring (traffic.Collective.sent):
     HYBRID_SHARD    (2P - R) (n-1)/n        P (n-1)/n          2 (P/n) (r-1)/r   (across replicas)
     SHARD_GRAD_OP   P (n-1)/n               P (n-1)/n          0
     NO_SHARD        0                       0                  2 P (r-1)/r
+    SHARD_OPTIMIZER P (n-1)/n               0                  2 P (n-1)/n
+
+SHARD_OPTIMIZER all-reduces the gradients and then redistributes the parameters each rank updated:
+by all-gather (the reference, DeepSpeed) or by one broadcast from each rank of what it owns (torch's
+ZeroRedundancyOptimizer): its all_gather row counts both kinds.
 
 FULL_SHARD gathers each unit in forward and again in backward (the root may stay gathered: FSDP2
 does not reshard it after forward). The window's low end is LOW times f of the unpadded P with the
@@ -72,6 +86,8 @@ PEAK_OF_UNSHARDED = 1.05  # NO_SHARD and one rank: the peak of unsharded trainin
 PREFETCHED = 3          # FULL_SHARD: units gathered at once (in use, prefetched, a buffer being copied out)
 IN_FLIGHT = 2           # units of unsharded gradients alive at once (a unit's, and its reduce buffer)
 SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
+OPTIMIZER_ONLY = "SHARD_OPTIMIZER"  # ZeRO-1: the optimizer state sharded, nothing else
+REDISTRIBUTION = ("all_gather", "broadcast")  # SHARD_OPTIMIZER's parameter redistribution, either kind
 RESHARDS_AFTER_FORWARD = ("FULL_SHARD", "HYBRID_SHARD")
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 
@@ -128,6 +144,8 @@ def sent_formulas(strategy: str, p: float, n: int, r: int, root: float = 0.0) ->
     ring_n, ring_r = (n - 1) / n, (r - 1) / r
     if strategy == "NO_SHARD":
         return {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 2 * p * ring_r}
+    if strategy == OPTIMIZER_ONLY:
+        return {"all_gather": p * ring_n, "reduce_scatter": 0.0, "all_reduce": 2 * p * ring_n}
     if strategy == "SHARD_GRAD_OP":
         return {"all_gather": p * ring_n, "reduce_scatter": p * ring_n, "all_reduce": 0.0}
     across = 2 * (p / n) * ring_r if strategy == "HYBRID_SHARD" else 0.0
@@ -165,18 +183,23 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
     module doc's table), as rows of `measured` against its bound."""
     u, P, U, R = unsharded, shapes.parameter_bytes, shapes.largest_unit_bytes, shapes.gathered_root_bytes
     sharded = strategy in SHARDED and n > 1
-    k = shapes.shard_bytes / P if sharded else 1.0
+    optimizer_only = strategy == OPTIMIZER_ONLY and n > 1
+    k = shapes.shard_bytes / P if sharded or optimizer_only else 1.0
+    k_whole = 1.0 if optimizer_only else k  # what parameters and gradients shrink by
     held_whole = u["rest"]["total"] + u["gradients"]
-    kept_whole = u["rest"]["parameters"] if strategy == "SHARD_GRAD_OP" and sharded else 0.0
+    kept_whole = (u["rest"]["parameters"] if strategy == "SHARD_GRAD_OP" and sharded else
+                  held_whole - u["rest"]["optimizer"] if optimizer_only else 0.0)
     out = [
         Row("held between steps", measured["rest"]["total"], kept_whole + (held_whole - kept_whole) * k + SMALL),
         Row("parameters held between steps", measured["rest"]["parameters"],
             (u["rest"]["parameters"] if kept_whole else u["rest"]["parameters"] * k) + SMALL),
         Row("optimizer state", measured["rest"]["optimizer"], u["rest"]["optimizer"] * k + SMALL),
-        Row("gradients after backward", measured["gradients"], u["gradients"] * k + SMALL),
-        Row("held after backward", measured["backward"], u["gradients"] * k + SMALL),
+        Row("gradients after backward", measured["gradients"], u["gradients"] * k_whole + SMALL),
+        Row("held after backward", measured["backward"], u["gradients"] * k_whole + SMALL),
     ]
-    if not sharded:
+    if optimizer_only:  # the parameters whole, once: as an all-gather redistributed them after the step
+        gathered = shapes.shard_bytes * n + SMALL
+    elif not sharded:
         gathered = SMALL
     elif strategy in RESHARDS_AFTER_FORWARD:
         gathered = R + PREFETCHED * U + SMALL
@@ -188,13 +211,17 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
     peak = (u["forward"] + gathered + IN_FLIGHT * U + u["gradients"] * k if sharded
             else PEAK_OF_UNSHARDED * u["peak"])
     out.append(Row("peak during the step", measured["peak"], peak + SMALL))
-    padded = sent_formulas(strategy, shapes.shard_bytes * n if sharded else P, n, r)  # the root re-gathered too
+    padded = sent_formulas(strategy, shapes.shard_bytes * n if sharded or optimizer_only else P, n, r)  # the root re-gathered too
+    traffic = measured["traffic"]
     for kind, formula in sent_formulas(strategy, P, n, r, shapes.root_bytes if sharded else 0.0).items():
-        got = measured["traffic"].get(kind, {}).get("sent", 0.0)
+        got = traffic.get(kind, {}).get("sent", 0.0)
+        name = f"{kind} bytes sent"
+        if kind == "all_gather" and strategy == OPTIMIZER_ONLY:
+            got, name = sum(traffic.get(k, {}).get("sent", 0.0) for k in REDISTRIBUTION), "all_gather or broadcast bytes sent"
         low = LOW * formula if formula else 0.0
-        out.append(Row(f"{kind} bytes sent", got, HIGH * padded[kind] + SMALL, low=low, unit="per step"))
-    for kind, row in sorted(measured["traffic"].items()):
-        if kind not in COLLECTIVES:
+        out.append(Row(name, got, HIGH * padded[kind] + SMALL, low=low, unit="per step"))
+    for kind, row in sorted(traffic.items()):
+        if kind not in COLLECTIVES and not (strategy == OPTIMIZER_ONLY and kind in REDISTRIBUTION):
             out.append(Row(f"{kind} bytes sent", row["sent"], SMALL, unit="per step"))
     return out
 

@@ -122,6 +122,9 @@ mutant-gather-twice-in-backward       FULL_SHARD all-gathers each unit twice in 
   (GatherTwiceInBackward)             rows: all_gather bytes sent
 mutant-full-gradient-bucket           gradients kept full-size in an engine-owned buffer until the step                   test_sharding.py::test_sharding
   (FullGradientBucket)                rows: gradients after backward, held after backward, peak during the step
+mutant-whole-optimizer-state          SHARD_OPTIMIZER declared, optimizer state kept whole on every rank (plain DDP + Adam)  test_sharding.py::test_sharding
+  (WholeOptimizerState)               exactly the cells [*-SHARD_OPTIMIZER] (4 ranks); rows: held between
+                                      steps, optimizer state, all_gather or broadcast bytes sent
 mutant-accumulation-overwrite         accumulated gradient overwritten by each micro-batch's (grad = g, not grad += g)    test_training_loop.py::test_training_loop
   (AccumulationOverwrite)             exactly the cells [*-accumulate-*]                                                  test_training_loop.py::test_training_loop_mixed_precision
                                       and [*-every] of test_cpu_offload                                                   test_composition.py::test_cpu_offload
@@ -212,6 +215,7 @@ from shardcheck.conformance.mutants.footprint import (
     ReplicatesDeclaresFullShard,
     TwoUnitsKeptAfterForward,
     UnshardedOptimizerState,
+    WholeOptimizerState,
 )
 from shardcheck.conformance.mutants.extensions import (
     ExtensionHooksIgnored,
@@ -302,6 +306,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     TwoUnitsKeptAfterForward,
     GatherTwiceInBackward,
     FullGradientBucket,
+    WholeOptimizerState,
     AccumulationOverwrite,
     DetachedInputCast,
     ReduceDtypeLostAfterEval,

@@ -282,3 +282,20 @@ class FullGradientBucket(MutantAdapter):
 
     def trainer(self, model, spec, recipe):
         return _BucketTrainer(self, model, spec, recipe)
+
+
+class WholeOptimizerState(MutantAdapter):
+    """SHARD_OPTIMIZER declared, the optimizer left whole: DDP with a plain Adam, as an adapter that
+    maps ZeRO-1 to its engine's replication would be. It trains exactly like the reference (every
+    rank steps every parameter), holds the whole optimizer state and redistributes nothing."""
+
+    name = "mutant-whole-optimizer-state"
+    bug = "SHARD_OPTIMIZER declared, optimizer state kept whole on every rank (plain DDP + Adam)"
+    checks = ("test_sharding.py::test_sharding",)
+    world_sizes = (4,)  # at 2 ranks the whole state still fits "held between steps": its gradient allowance
+    cells = ("test_sharding[*-SHARD_OPTIMIZER]",)
+    rows = ("held between steps", "optimizer state", "all_gather or broadcast bytes sent")
+
+    def patch(self) -> None:
+        ri = importlib.import_module("shardcheck.reference_impl")
+        replace(ri, "ShardedOptimizer", lambda params, build, group: build(params))

@@ -16,15 +16,19 @@ why for each capability it leaves out, in its manifest's `[unsupported]` table
 
 from __future__ import annotations
 
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "SHARD_OPTIMIZER")
 
 BEHAVIOUR = {
     "full_shard": "FULL_SHARD: parameters, gradients and optimizer state sharded; reshard after forward",
     "shard_grad_op": "SHARD_GRAD_OP: gradients and optimizer state sharded; full parameters kept "
                      "from forward to backward (ZeRO-2)",
-    "no_shard": "NO_SHARD: replicated parameters, averaged gradients (DDP semantics; ZeRO-1 shards "
-                "only the optimizer state and still answers here)",
+    "no_shard": "NO_SHARD: replicated parameters, averaged gradients, the whole optimizer state on every "
+                "rank (DDP semantics)",
     "hybrid_shard": "HYBRID_SHARD: shard within groups of a 2-D (replicate, shard) mesh, replicate across",
+    "shard_optimizer": "SHARD_OPTIMIZER: replicated parameters and averaged gradients, the optimizer state "
+                       "sharded: each rank steps its 1/n and the updated parameters are redistributed "
+                       "(ZeRO-1: torch's ZeroRedundancyOptimizer, DeepSpeed stage 1, Megatron's "
+                       "distributed optimizer)",
     "clip_norm_1": "clip gradients by their global 1-norm",
     "clip_norm_2": "clip gradients by their global 2-norm",
     "clip_norm_inf": "clip gradients by their global inf-norm",

@@ -33,7 +33,7 @@ class ShardSpec:
     over the mesh's "tp" dimension, the strategy applied over its "dp" dimension (a 2-D (dp, tp)
     mesh); the full parameters are still the plain model's."""
 
-    strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
+    strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | SHARD_OPTIMIZER
     units: tuple = ()
     unit_strategies: dict[str, str] = field(default_factory=dict)
     mixed_precision: MixedPrecision | None = None
@@ -45,6 +45,9 @@ class ShardSpec:
     def __post_init__(self) -> None:
         for strategy in (self.strategy, *self.unit_strategies.values()):
             of_strategy(strategy)  # a typo is an error, not a silently different strategy
+        if "SHARD_OPTIMIZER" in self.strategies and self.strategies != {"SHARD_OPTIMIZER"}:
+            raise ValueError("SHARD_OPTIMIZER shards the optimizer of the whole model: not mixed with other "
+                             f"strategies ({sorted(self.strategies)})")
 
     @property
     def device(self) -> torch.device:
@@ -103,12 +106,20 @@ class Optimizer:
 
     def build(self, params) -> torch.optim.Optimizer:
         """The torch optimizer (foreach off: one code path for sharded and unsharded tensors)."""
+        return self.torch_class(params=params, **self.torch_kwargs())
+
+    @property
+    def torch_class(self) -> type[torch.optim.Optimizer]:
+        """torch's optimizer class, for an engine that takes a class and its arguments (torch's
+        ZeroRedundancyOptimizer(params, optimizer_class, **kwargs)) rather than an optimizer."""
+        return {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.kind]
+
+    def torch_kwargs(self) -> dict[str, Any]:
+        """The arguments of `torch_class` besides the parameters (foreach off)."""
         if self.kind == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum,
-                                   weight_decay=self.weight_decay, foreach=False)
-        cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[self.kind]
-        return cls(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
-                   foreach=False)
+            return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay, "foreach": False}
+        return {"lr": self.lr, "betas": self.betas, "eps": self.eps, "weight_decay": self.weight_decay,
+                "foreach": False}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The training step of an implementation that exposes torch's APIs, written once.
 
 `TorchStyleAdapter.trainer` shards with `shard`, builds the recipe's torch optimizer over the
-sharded module's parameters, and runs the step the way torch users write it:
+sharded module's parameters (or the adapter's own wrapping optimizer: `optimizer`), and runs the step the way torch users write it:
 
     loss = loss_fn(model, batch); scaler.scale(loss).backward()
     scaler.unscale_(optimizer); total = clip_grad_norm_(model, max_norm, norm_type)
@@ -34,7 +34,7 @@ class TorchStyleTrainer:
         self.model = adapter.prepare(model, spec, recipe)
         if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
             materialize(self.model, spec.device)
-        self.optimizer = recipe.optimizer.build(self.model.parameters())
+        self.optimizer = adapter.optimizer(self.model, spec, recipe)
         self.scaler = None
         if recipe.loss_scale is not None:
             ls = recipe.loss_scale
@@ -129,6 +129,13 @@ class TorchStyleAdapter:
         """`shard(model, spec)`; an adapter whose wrapping depends on the loop (DDP's
         find_unused_parameters for `recipe.unused`) overrides this."""
         return self.shard(model, spec)
+
+    def optimizer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe):
+        """The optimizer the step uses over the sharded `model`: the recipe's torch optimizer by default.
+        An engine whose optimizer wraps another (torch's ZeroRedundancyOptimizer, SHARD_OPTIMIZER)
+        returns its own; the step needs of it what torch.amp.GradScaler and users need: `step()`,
+        `zero_grad(set_to_none=True)` and `param_groups` over the parameters whose `.grad` it steps."""
+        return recipe.optimizer.build(model.parameters())
 
     def no_sync(self, model: nn.Module):
         """A context in which backward accumulates gradients without communicating them (capability

@@ -1,7 +1,8 @@
 """Memory per rank against world size, from the family sharding's cells (their `footprint`, report
 version 5): for each implementation and strategy, what a rank holds between steps as a share of
 what unsharded training holds, at each world size, beside 1/n, the share perfect sharding reaches
-(2/n for HYBRID_SHARD's two replicas; none for NO_SHARD).
+(2/n for HYBRID_SHARD's two replicas; none for NO_SHARD, nor for SHARD_OPTIMIZER, whose saving is the
+optimizer's share of what is held: the chart shows its measured line alone).
 
     share(impl, strategy, n) = footprint.rest.measured / footprint.rest.unsharded
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import io
 from collections import defaultdict
 
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "SHARD_OPTIMIZER", "NO_SHARD")
 
 
 def table(cells: dict[tuple[str, str], dict]) -> dict[str, dict[str, dict[int, float]]]:

@@ -44,7 +44,7 @@ ADAM = Recipe(loss_fn=W.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip
 
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"]), "clip_norm_2", "checkpoint"})
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_resume(ctx, impl, strategy, tmp_path):
     """2 steps, save, a fresh trainer loads, 2 more steps: Adam's step count and moments must come
     back (a lost step count changes the bias correction of the first update after the load)."""

@@ -24,7 +24,7 @@ W = WORKLOADS["uneven_mlp"]
 @distributed(world_size=4)
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"]), "clip_norm_2", "checkpoint", "checkpoint_reshard"})
 @pytest.mark.parametrize("save_world_size,load_world_size", [(4, 2), (2, 4)], ids=["4to2", "2to4"])
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "SHARD_OPTIMIZER"])
 def test_reshard(ctx, impl, strategy, save_world_size, load_world_size, tmp_path):
     recipe = Recipe(loss_fn=W.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(1.0, 2.0))
     spec_of = lambda mesh: ShardSpec(strategy=strategy, units=W.units, mesh=mesh)  # noqa: E731

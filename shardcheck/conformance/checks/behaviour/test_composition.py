@@ -221,7 +221,7 @@ BUFFERS = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2), eval_e
 
 @distributed(world_size=2)
 @pytest.mark.requires.with_args(_needs("eval_forward", "buffers"))
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_buffers(ctx, impl, strategy):
     """BatchNorm running statistics (updated by each rank's own batch) and a non-persistent buffer,
     an evaluation before every step: every rank's evaluation loss equals DDP's, whose ranks evaluate

@@ -27,7 +27,7 @@ POISONED = (1, 4)
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"]), "loss_scaling", "clip_norm_2"})
 @pytest.mark.parametrize("poison", [math.inf, math.nan], ids=["inf", "nan"])
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_skip_backoff_growth(ctx, impl, strategy, poison):
     w = WORKLOADS["uneven_mlp"]
     scaling = LossScale(init_scale=2.0 ** 10, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)

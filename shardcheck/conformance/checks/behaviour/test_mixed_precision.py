@@ -30,7 +30,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"]), "clip_norm_2",
                                                 f"mixed_precision_{params['dtype']}"})
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_low_precision_compute(ctx, impl, strategy, dtype):
     w = WORKLOADS["uneven_mlp"]
     recipe = Recipe(loss_fn=w.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(0.5, 2.0))
@@ -55,7 +55,7 @@ def _train_layout(ctx, impl, layout, strategy):
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_layout_needs)
 @pytest.mark.parametrize("layout", ["float32_inside", "low_inside"])
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_per_unit_policies(ctx, impl, strategy, layout):
     """A policy per unit (a float32 norm and head among bfloat16 units, and the reverse): each unit
     casts the activation it receives to its own dtype and the activation keeps its gradient

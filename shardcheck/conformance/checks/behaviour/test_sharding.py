@@ -11,7 +11,9 @@ with bounds computed from the model's shapes: bytes held between steps, optimize
 gradients (wherever the engine keeps them) shrink as 1/n, FULL_SHARD keeps no more than its root and
 one unit gathered after forward and gathers a few units at a time, the step's peak stays within what
 its parts need, and each collective kind sends what the strategy's design formula says. One rank and
-NO_SHARD are judged against unsharded training. Every figure lands in the report
+NO_SHARD are judged against unsharded training; SHARD_OPTIMIZER (ZeRO-1) keeps parameters and
+gradients whole, its optimizer state 1/n, and sends one gradient all-reduce and a parameter
+redistribution. Every figure lands in the report
 (`ctx.record("footprint", ...)`), whether the cell passes or not.
 """
 
@@ -77,7 +79,7 @@ def _sharded(ctx, impl, strategy) -> tuple[int, int, dict]:
     if strategy == "HYBRID_SHARD":
         mesh, n, r = ctx.mesh((2, ctx.world_size // 2), ("replicate", "shard")), ctx.world_size // 2, 2
     else:
-        mesh, n, r = ctx.mesh(), ctx.world_size, 1
+        mesh, n, r = ctx.mesh(), ctx.world_size, 1  # SHARD_OPTIMIZER: the optimizer state over the world
     if strategy == "NO_SHARD":
         n, r = 1, ctx.world_size  # replicated: no memory promise; traffic over the whole world
     spec = ShardSpec(strategy=strategy, units=UNITS, mesh=mesh)
@@ -101,7 +103,7 @@ def _judge(ctx, impl, strategy):
 
 @distributed(world_size=[1, 2, 4])
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"])})
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_sharding(ctx, impl, strategy):
     """Memory held, gathered and sent per rank, against the strategy's promise."""
     _judge(ctx, impl, strategy)

@@ -48,7 +48,7 @@ def _parity(ctx, impl, strategy, norm_type, workload, optimizer=Optimizer("adam"
 @pytest.mark.requires.with_args(_needs)
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
 @pytest.mark.parametrize("norm_type", [None, 1.0, 2.0, math.inf], ids=["noclip", "norm1", "norm2", "norminf"])
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_train_parity(ctx, impl, strategy, norm_type, workload):
     """Adam, clipping by norm_type (or none), 4 steps: loss, gradients, norm, parameters match."""
     _parity(ctx, impl, strategy, norm_type, workload)
@@ -69,7 +69,7 @@ def test_train_parity_hybrid(ctx, impl, strategy, norm_type, workload):
 @pytest.mark.parametrize("optimizer", [Optimizer("sgd", lr=0.05, momentum=0.9, weight_decay=0.01),
                                        Optimizer("adamw", lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)],
                          ids=["sgd_momentum_wd", "adamw_wd"])
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_optimizer_parity(ctx, impl, strategy, optimizer):
     """The optimizer's hyper-parameters are honoured exactly (momentum, betas, weight decay)."""
     _parity(ctx, impl, strategy, 2.0, "uneven_mlp", optimizer)

@@ -53,7 +53,7 @@ def _loop(ctx, impl, shape, strategy, precision, recipe, steps=None):
 @pytest.mark.requires.with_args(_needs)
 @pytest.mark.parametrize("precision", ["fp32"])
 @pytest.mark.parametrize("shape", sorted(loops.SHAPES))
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_training_loop(ctx, impl, strategy, shape, precision):
     """Each loop shape x strategy in float32: every micro-batch's loss, the accumulated gradients,
     the norm and the parameters match unsharded data-parallel training; no_sync sends nothing
@@ -65,7 +65,7 @@ def test_training_loop(ctx, impl, strategy, shape, precision):
 @pytest.mark.requires.with_args(_needs)
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("shape", sorted(loops.SHAPES))
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_training_loop_mixed_precision(ctx, impl, strategy, shape, precision):
     """Each loop shape x strategy under each mixed-precision policy (float32 reduction): the same
     parity, and the dtype contract observed at every boundary (forward parameters and inputs, the
@@ -77,7 +77,7 @@ def test_training_loop_mixed_precision(ctx, impl, strategy, shape, precision):
 @pytest.mark.requires.with_args(_needs)
 @pytest.mark.parametrize("precision", ["bf16_lowgrads"])
 @pytest.mark.parametrize("shape", ["plain"])
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_low_precision_grads_norm(ctx, impl, strategy, shape, precision):
     """Gradients kept in bfloat16 (keep_low_precision_grads) and clipped: one step compared at
     bfloat16's tolerance (the yardstick's gradients are float32 copies of the same values); the norm
@@ -89,7 +89,7 @@ def test_low_precision_grads_norm(ctx, impl, strategy, shape, precision):
 @pytest.mark.requires.with_args(_needs)
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("shape", sorted(loops.SCHEDULES))
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_requires_grad_changes(ctx, impl, strategy, shape, precision):
     """A fine-tuning schedule: a unit frozen for the first step (with and without an evaluation
     before it) then unfrozen, or trained then frozen; in float32 and under each mixed-precision

@@ -1,0 +1,70 @@
+"""What an adapter must provide for what it declares, checked when it loads (`adapters.load`), so that
+an adapter's own gap is one line naming the method, not a failure of every cell as if the engine
+were wrong.
+
+A `TorchStyleAdapter` (the trainer is written once, from the adapter's API methods) needs `shard`,
+`full_params`, `full_grads`, and per capability: `clip_grad_norm_` to clip, `grad_scaler` to scale the
+loss, its own `no_sync` for `no_sync`, and the four checkpoint methods for `checkpoint`. Any other
+adapter's trainer is checked where `trainer()`'s return annotation names its class: the `Trainer`
+methods (`forward_backward`, `full_grads`, `step`, `full_params`), `evaluate` for `eval_forward`,
+`set_requires_grad` for `requires_grad_changes`, and `save`, `load`, `full_state_dict`,
+`full_optimizer_state` for `checkpoint`. A trainer class the annotation does not name is met only
+when a cell builds it.
+"""
+
+from __future__ import annotations
+
+import typing
+
+from shardcheck.conformance.protocol.adapter import Trainer
+from shardcheck.conformance.protocol.torch_style import TorchStyleAdapter
+
+CHECKPOINT_API = ("save_checkpoint", "load_checkpoint", "full_state_dict", "full_optimizer_state")
+CHECKPOINT_TRAINER = ("save", "load", "full_state_dict", "full_optimizer_state")
+TRAINER = ("forward_backward", "full_grads", "step", "full_params")
+
+
+def _torch_style_needs(capabilities) -> list[str]:
+    needed = ["shard", "full_params", "full_grads"]
+    if any(c.startswith("clip_norm_") for c in capabilities):
+        needed.append("clip_grad_norm_")
+    if "loss_scaling" in capabilities:
+        needed.append("grad_scaler")
+    if "checkpoint" in capabilities:
+        needed += CHECKPOINT_API
+    return needed
+
+
+def _trainer_needs(capabilities) -> list[str]:
+    needed = list(TRAINER)
+    if "eval_forward" in capabilities:
+        needed.append("evaluate")
+    if "requires_grad_changes" in capabilities:
+        needed.append("set_requires_grad")
+    if "checkpoint" in capabilities:
+        needed += CHECKPOINT_TRAINER
+    return needed
+
+
+def trainer_class(adapter) -> type | None:
+    """The class `adapter.trainer` says it returns (its return annotation), or None: not named, or
+    only the `Trainer` protocol itself."""
+    try:
+        hint = typing.get_type_hints(type(adapter).trainer).get("return")
+    except Exception:  # an annotation naming what the module does not import: not checkable here
+        return None
+    return hint if isinstance(hint, type) and hint is not Trainer else None
+
+
+def missing(adapter) -> list[str]:
+    """What `adapter` lacks for what it declares, as "where.method" ([] when complete)."""
+    caps = set(adapter.capabilities)
+    if isinstance(adapter, TorchStyleAdapter):
+        gaps = [f"{type(adapter).__name__}.{m}" for m in _torch_style_needs(caps) if not callable(getattr(adapter, m, None))]
+        if "no_sync" in caps and type(adapter).no_sync is TorchStyleAdapter.no_sync:
+            gaps.append(f"{type(adapter).__name__}.no_sync (declared, not overridden)")
+        return gaps
+    cls = trainer_class(adapter)
+    if cls is None:
+        return []
+    return [f"{cls.__name__}.{m}" for m in _trainer_needs(caps) if not callable(getattr(cls, m, None))]
