@@ -82,6 +82,10 @@ def pytest_addoption(parser, pluginmanager):
                          "NAME[variant], 'all' (every built-in one and variant whose dependencies "
                          "are installed), an entry point of group 'shardcheck.adapters', or "
                          "pkg.module:attr. Repeatable. Default: $SHARDCHECK_IMPL or reference.")
+    group.addoption("--shardcheck-model", dest="shardcheck_model", action="append", default=None,
+                    metavar="FACTORY[|batches=FN][|wrap=CLASS,...]",
+                    help="your own model in the family models: pkg.module:factory returning an nn.Module "
+                         "(docs/models.md). Repeatable.")
     group.addoption("--shardcheck-report", default=None, metavar="PATH",
                     help="write a JSON conformance report to PATH (cells stream to PATH + 'l' as JSON lines)")
 

@@ -57,10 +57,10 @@ from pathlib import Path
 
 import pytest
 
-from shardcheck.conformance.checks import FAMILIES
+from shardcheck.conformance.checks import DEFAULT_FAMILIES, FAMILIES, OPT_IN
 from shardcheck.conformance.cli import explore as explore_command
 from shardcheck.conformance.cli import exit_codes as codes
-from shardcheck.conformance.cli import cells, interrupts, report_commands
+from shardcheck.conformance.cli import cells, interrupts, matrix_commands, own_model, report_commands
 from shardcheck.conformance.cli import releases as releases_command
 from shardcheck.conformance.expectations import releases
 from shardcheck.harness import collector
@@ -70,7 +70,11 @@ CHECKS = Path(__file__).parents[1] / "checks"
 
 
 def _run(args, passthrough: list[str]) -> int:
-    families = args.family.split(",") if args.family else list(FAMILIES)
+    _importable_from_cwd()  # --impl my_pkg.adapter:Cls and --model my_pkg.models:build from the project's folder
+    models = own_model.pytest_args(args)
+    if isinstance(models, int):
+        return models
+    families = args.family.split(",") if args.family else ["models"] if models else list(DEFAULT_FAMILIES)
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         print(f"shardcheck: unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}",
@@ -87,7 +91,6 @@ def _run(args, passthrough: list[str]) -> int:
     # Checked where the report is written: here, or on a launcher's rank 0 alone (another rank's
     # check would race with rank 0's lock on the stream, or unlink the file rank 0 just created).
     writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
-    _importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as `python -m` would
     if note := releases.unjudged(releases.installed_torch(), args.impl or ["reference"]):
         print(f"shardcheck: {note}", file=sys.stderr)  # runs all the same, saying so first
     refused = _unloadable(args.impl or [])
@@ -107,6 +110,7 @@ def _run(args, passthrough: list[str]) -> int:
              # API), and imports all of hypothesis at the end of every session: ~1 s of CPU where
              # bytecode is not cached (pytest rewrites a plugin's modules)
              "-p", "no:hypothesispytest"]
+    argv += models
     for impl in args.impl or []:
         argv += [f"--shardcheck-impl={impl}"]
     if args.world_sizes:
@@ -274,30 +278,6 @@ def _versions() -> str:
     return f"shardcheck {installed('shardcheck')} (torch {installed('torch')}, Python {platform.python_version()})"
 
 
-def _add_matrix_and_diff(sub) -> None:
-    matrix = sub.add_parser("matrix", help="families x implementations table from reports (Markdown, HTML)")
-    matrix.add_argument("reports", nargs="+", metavar="REPORT", help="JSON reports to merge")
-    matrix.add_argument("--markdown", metavar="OUT.md", help="write the Markdown here (default: stdout)")
-    matrix.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML page with a chart")
-    matrix.add_argument("--memory-chart", metavar="OUT.svg",
-                        help="write the family sharding's memory per rank against world size (matplotlib)")
-    diff = sub.add_parser("diff", help="cells that regressed, got fixed, appeared or vanished; "
-                                       "exit code 1 on a regression")
-    diff.add_argument("old", metavar="OLD", help="the earlier JSON report")
-    diff.add_argument("new", metavar="NEW", help="the later JSON report")
-
-
-def _matrix_or_diff(args) -> int:
-    from shardcheck.conformance.report import diff, publish  # matplotlib and rich load only for these commands
-    from shardcheck.conformance.report.reading import ReportError
-
-    try:
-        return (publish.main if args.command == "matrix" else diff.main)(args)
-    except ReportError as exc:
-        print(f"shardcheck: {exc}", file=sys.stderr)
-        return 2
-
-
 def _simulate(args, extra: list[str]) -> int:
     from shardcheck.conformance.simulate import (
         command,  # torch.distributed fake group: only for this command
@@ -330,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="implementation (repeatable); default reference")
     run.add_argument("--backend", default="gloo", help="gloo (default), threaded or nccl")
     run.add_argument("--world-sizes", type=_world_sizes, help="comma-separated world sizes to keep, e.g. 2,4")
-    run.add_argument("--family", help=f"comma-separated check families: {', '.join(FAMILIES)}")
+    run.add_argument("--family", help=f"comma-separated check families: {', '.join(FAMILIES)} (default: all "
+                                      f"but {', '.join(OPT_IN)})")
     run.add_argument("-k", help="pytest -k expression selecting cells")
     run.add_argument("--rank-timeout", type=float, metavar="SECONDS",
                      help="a cell's deadline: a rank still running then fails the cell with its stack "
@@ -348,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="torchrun: run the matrix on ranks started by torchrun --standalone "
                           "(multi-node: start `torchrun ... -m shardcheck.conformance.cli run` yourself)")
     run.add_argument("--nproc-per-node", type=int, default=2, help="ranks for --launcher torchrun")
+    own_model.add_arguments(run)
     report = sub.add_parser("report", help="work with conformance reports").add_subparsers(
         dest="report_command", required=True)
     assemble = report.add_parser("assemble", help="rebuild a JSON report from its JSON-lines stream "
@@ -358,10 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                                                 "one; prints its size before and after")
     upgrade.add_argument("report", metavar="REPORT", help="the JSON report (any version this shardcheck reads)")
     upgrade.add_argument("-o", "--output", help="where to write it (default: over REPORT)")
-    _add_matrix_and_diff(sub)
     from shardcheck.conformance.simulate import command as simulate_command
     simulate_command.add_parser(sub)
-    for command in (explore_command, releases_command, cells):
+    for command in (matrix_commands, explore_command, releases_command, cells):
         command.add_parser(sub)
     args, extra = parser.parse_known_args(argv)
     args.argv = full_argv
@@ -370,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "run" and (extra or (passthrough and args.command != "releases")):
         parser.error(f"unrecognized arguments: {' '.join(extra + passthrough)}")
     if args.command in ("matrix", "diff"):
-        return _matrix_or_diff(args)
+        return matrix_commands.main(args)
     if args.command == "report":
         return (report_commands.assemble if args.report_command == "assemble" else report_commands.upgrade)(args)
     if args.command in ("explore", "releases", "cells"):

@@ -1,0 +1,100 @@
+"""Real architectures, as users train them: transformers' own modules from tiny configs (nothing is
+downloaded), each wrapped per decoder layer as the recipes wrap them (family `models`).
+
+Every architecture is a `Workload` (checks/support/workloads.py): `build()` makes the model from its
+config in float32 on the CPU (the check seeds and moves it), `loss_fn` is the model's own causal-LM
+loss (transformers' `labels=`: the mean over this micro-batch's tokens, plus the router's auxiliary
+loss for a mixture of experts), `batches` draw each rank's token ids, `units` are the decoder layers.
+
+| name | what it brings |
+|---|---|
+| llama | RMSNorm, rotary embeddings (a non-persistent `inv_freq` buffer), grouped-query attention (4 query heads, 2 key/value heads: k_proj and v_proj half the rows of q_proj), untied output projection |
+| llama-tied | the same with the input embedding tied to the output projection (`tie_word_embeddings`) |
+| gpt2 | GPT-2: transformers' Conv1D (weights stored transposed), learned positions, tied embeddings |
+| mixtral | a mixture of experts: 4 experts, 2 per token, the router's auxiliary loss in the loss |
+
+The extra `shardcheck[models]` installs transformers; without it these cells skip, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from shardcheck.conformance.checks.support.workloads import Workload
+
+MISSING = "transformers is not installed (pip install 'shardcheck[models]'): the models family needs it"
+VOCAB, SEQ, BATCH = 128, 8, 2
+_COMMON = {"vocab_size": VOCAB, "max_position_embeddings": 64}
+_DECODER = {**_COMMON, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "attention_dropout": 0.0}
+
+
+def available() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture: transformers' model class and config class (by name), the config, and the
+    path of its list of decoder layers."""
+
+    name: str
+    model_class: str
+    config_class: str
+    config: dict = field(hash=False)
+    layers: str
+    num_layers: int = 2
+
+    def config_object(self):
+        import transformers
+
+        config = getattr(transformers, self.config_class)(**self.config)
+        config._attn_implementation = "eager"  # the same kernels on every engine and the reference
+        return config
+
+    def build(self) -> nn.Module:
+        import transformers
+
+        return getattr(transformers, self.model_class)(self.config_object())
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        return tuple(f"{self.layers}.{i}" for i in range(self.num_layers))
+
+    def workload(self) -> Workload:
+        return Workload(self.build, causal_lm_loss, token_batches, self.units)
+
+
+def causal_lm_loss(model, batch) -> torch.Tensor:
+    """The model's own loss: next-token cross-entropy over this micro-batch's tokens (and, for a
+    mixture of experts built with `output_router_logits`, the router's auxiliary loss)."""
+    ids, labels = batch
+    return model(input_ids=ids, labels=labels).loss
+
+
+def token_batches(ctx, steps: int, poison=None) -> list:
+    """Each rank's (input ids, labels) for each step, different per rank and step."""
+    assert not poison, "the zoo's models have no poison input"
+    out = []
+    for step in range(steps):
+        with ctx.seeded(1000 * step + ctx.rank):
+            ids = torch.randint(0, VOCAB, (BATCH, SEQ), device=ctx.device)
+        out.append((ids, ids.clone()))
+    return out
+
+
+ARCHS = {arch.name: arch for arch in (
+    Arch("llama", "LlamaForCausalLM", "LlamaConfig", {**_DECODER, "tie_word_embeddings": False}, "model.layers"),
+    Arch("llama-tied", "LlamaForCausalLM", "LlamaConfig", {**_DECODER, "tie_word_embeddings": True}, "model.layers"),
+    Arch("gpt2", "GPT2LMHeadModel", "GPT2Config",
+         {"vocab_size": VOCAB, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "resid_pdrop": 0.0,
+          "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0}, "transformer.h"),
+    Arch("mixtral", "MixtralForCausalLM", "MixtralConfig",
+         {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": True,
+          "router_aux_loss_coef": 0.02}, "model.layers"),
+)}
+WORKLOADS = {name: arch.workload() for name, arch in ARCHS.items()}
