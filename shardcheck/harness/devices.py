@@ -27,7 +27,6 @@ import shutil
 import tempfile
 import time
 
-from shardcheck.harness import cuda
 from shardcheck.harness.vocabulary import LAUNCHES
 
 FAKE_ENV = "SHARDCHECK_FAKE_GPUS"
@@ -89,6 +88,8 @@ def visible_devices() -> list[str]:
     fake = fake_count()
     if fake is not None:
         return [f"fake{i}" for i in range(fake)]
+    from shardcheck.harness import cuda  # here: a session that only learns the word `-n gpus` imports less
+
     count = cuda.device_count()  # by NVML: this process forks ranks (shardcheck.harness.cuda)
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")
     if outer is not None and outer.strip():

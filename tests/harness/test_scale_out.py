@@ -105,10 +105,9 @@ def test_lease_prefers_the_devices_a_pool_sits_on(fake4):
 
 
 def test_lease_ids_are_the_outer_cuda_visible_devices(monkeypatch, tmp_path):
-    import torch
+    from shardcheck.harness import cuda
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(cuda, "device_count", lambda: 2)  # what NVML counts under CUDA_VISIBLE_DEVICES=5,7
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     monkeypatch.setenv(devices.DIR_ENV, str(tmp_path))
     monkeypatch.delenv(devices.FAKE_ENV, raising=False)
