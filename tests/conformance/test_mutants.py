@@ -49,6 +49,9 @@ RUN_TIMEOUT_S = 600
 PLUGINS = ["-p", "shardcheck.pytest_plugin", "-p", "pytest_timeout"]
 PER_CHECK = ["-p", "shardcheck.conformance.mutants.per_check"]  # a killed check function's other cells are skipped
 BASELINE = "reference"
+# The family models judges this transformers-free model with a tied embedding in the mutant runs (and
+# only it: the zoo needs the extra shardcheck[models]).
+OWN_MODEL = "--shardcheck-model=shardcheck.conformance.mutants.models:tied_tower"
 
 
 # Check functions no mutant of reference_impl can reach, with the reason (a documented gap).
@@ -89,7 +92,7 @@ def all_check_functions() -> set[str]:
 def _command(impl: str, selection, stop_at_first_failure: bool, world_sizes=(2,), backend=BACKEND) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", *selection, "--shardcheck-impl", impl, "--shardcheck-backend", backend,
            "--shardcheck-world-sizes", ",".join(map(str, world_sizes)), "-o", "addopts=",
-           "-p", "no:cacheprovider", "-rfE", "--shardcheck-rank-timeout", "120", *PLUGINS]
+           "-p", "no:cacheprovider", "-rfE", "--shardcheck-rank-timeout", "120", *PLUGINS, OWN_MODEL]
     return cmd + (["-x"] if stop_at_first_failure else [])
 
 

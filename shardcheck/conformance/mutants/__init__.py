@@ -146,6 +146,8 @@ mutant-ac-saves-past-checkpointing    a unit's saved-tensors hooks override chec
   (SavesPastCheckpointing)
 mutant-meta-init-unties               a weight two modules share, untied when the model is built on meta                  test_composition.py::test_meta_init
   (MetaInitUnties)                                                                                                        test_composition.py::test_meta_init_hybrid
+mutant-wrapping-unties                a weight two modules share (tied embeddings), untied when the model is wrapped      test_models.py::test_model_parity
+  (WrappingUnties)                    (its runs judge mutants.models.tied_tower, as the user's own model)
 mutant-meta-init-buffer-uninitialized a non-persistent buffer left as to_empty() left it (its module owns no parameter)   test_composition.py::test_meta_init
   (BufferLeftUninitialized)
 mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before forward (statistics diverge per rank)      test_composition.py::test_buffers
@@ -188,6 +190,7 @@ from shardcheck.conformance.mutants.clip import (
     ClipReplicatedOvercount,
     ClipUnclamped,
 )
+from shardcheck.conformance.mutants.models import WrappingUnties
 from shardcheck.conformance.mutants.composition import (
     BufferLeftUninitialized,
     BuffersNotBroadcast,
@@ -315,6 +318,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     RecomputeRegathers,
     SavesPastCheckpointing,
     MetaInitUnties,
+    WrappingUnties,
     BufferLeftUninitialized,
     BuffersNotBroadcast,
     CompileDropped,

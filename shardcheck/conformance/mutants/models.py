@@ -1,0 +1,73 @@
+"""Mutants the family models kills (shardcheck/conformance/checks/behaviour/test_models.py), and the
+model their runs judge: `tied_tower`, a transformers-free tower whose input embedding is tied to its
+output projection, as Llama's `tie_word_embeddings` and GPT-2 tie them (the mutant runs pass it as
+the user's own model, `--shardcheck-model`, so they need no transformers)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from shardcheck.conformance.mutants.base import MutantAdapter, replace
+
+MODELS = "test_models.py::test_model_parity"
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+class TiedTower(nn.Module):
+    """Embedding(61, 16), two residual blocks, and an output projection sharing the embedding's weight."""
+
+    def __init__(self, vocab: int = 61, width: int = 16, depth: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(_Block(width) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def tied_tower() -> nn.Module:
+    return TiedTower()
+
+
+class WrappingUnties(MutantAdapter):
+    """Wrapping gives each module that holds a shared parameter a Parameter of its own (torchtitan
+    SimpleFSDP parametrizes module by module: F24; FSDP1 on meta: F47): a tied output projection
+    trains apart from the embedding, on a model built anywhere."""
+
+    name = "mutant-wrapping-unties"
+    bug = "a weight two modules share (tied embeddings), untied when the model is wrapped"
+    checks = (MODELS,)
+    cells = ("test_model_parity[*]",)
+
+    def patch(self) -> None:
+        import shardcheck.reference_impl as ri
+
+        original = ri.shard
+
+        def untying_shard(module, **kwargs):
+            seen = set()
+            for m in module.modules():
+                for name, p in list(m._parameters.items()):
+                    if p is not None and id(p) in seen:
+                        m._parameters[name] = nn.Parameter(p.detach().clone(), p.requires_grad)
+                    elif p is not None:
+                        seen.add(id(p))
+            return original(module, **kwargs)
+
+        replace(ri, "shard", untying_shard)
