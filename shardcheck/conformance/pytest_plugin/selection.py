@@ -43,6 +43,10 @@ def pytest_configure(config):
     config._shardcheck_impls = config._shardcheck_manifests = None
     if not config.pluginmanager.has_plugin("shardcheck-expected-errors"):
         config.pluginmanager.register(expected_errors, "shardcheck-expected-errors")
+    if config.getoption("shardcheck_split", None) and not config.pluginmanager.has_plugin("shardcheck-split"):
+        from shardcheck.conformance.pytest_plugin import split  # part K of N of the selected cells
+
+        config.pluginmanager.register(split, "shardcheck-split")
     if config.getoption("shardcheck_impl"):
         impls(config)  # asked for: load now, so that a bad name is a usage error before collection
 
