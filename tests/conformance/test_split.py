@@ -284,3 +284,27 @@ def test_the_pytest_option_splits_a_plain_session_and_refuses_a_bad_value(tmp_pa
     proc, _ = collected("--shardcheck-split=3/2")
     assert proc.returncode == 4 and "--shardcheck-split" in proc.stderr and "is not K/N" in proc.stderr, proc.stderr
 
+
+
+# ---- shardcheck releases: a share of the releases per machine ----------------------------------
+
+def test_releases_split_into_shares_each_release_in_one(monkeypatch, tmp_path, capsys):
+    from shardcheck.conformance.cli import releases as command
+
+    todo = command.releases(["torch==2.9.1,2.10.0,2.11.0,2.12.1", "accelerate==1.13.0"])
+    shares = [command.share(todo, f"{k}/3") for k in (1, 2, 3)]
+    assert sorted(sum(shares, [])) == sorted(todo) and [len(s) for s in shares] == [2, 2, 1]
+    tried = []
+
+    def environment(envs, package, version, wanted, installer):
+        tried.append(f"{package}=={version}")
+        raise command.EnvironmentFailed("not made in this test")
+
+    monkeypatch.setattr(command, "environment", environment)
+    code = cli.main(["releases", "torch==2.9.1,2.10.0,2.11.0,2.12.1", "accelerate==1.13.0", "--split", "2/3",
+                     "-o", str(tmp_path / "out"), "--envs", str(tmp_path / "envs")])
+    assert code == 2 and tried == ["torch==2.10.0", "accelerate==1.13.0"]  # share 2: releases 1 and 4
+    assert "share 2/3: torch==2.10.0, accelerate==1.13.0" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["releases", "torch==2.9.1", "--split", "4/3"])
+    assert exit_.value.code == codes.USAGE and "argument --split: '4/3' is not K/N" in capsys.readouterr().err

@@ -13,7 +13,8 @@ from pathlib import Path
 from shardcheck.conformance.cli import exit_codes as codes
 
 
-def _split(text: str) -> str:
+def k_of_n(text: str) -> str:
+    """An argparse type: `K/N` as given, or a one-line usage error."""
     from shardcheck.conformance.report import split
 
     try:
@@ -23,7 +24,7 @@ def _split(text: str) -> str:
 
 
 def add_arguments(run) -> None:
-    run.add_argument("--split", type=_split, metavar="K/N",
+    run.add_argument("--split", type=k_of_n, metavar="K/N",
                      help="run part K of N of the selected cells (the same parts on every machine, balanced by the "
                           "durations of --durations); `shardcheck report merge` joins the parts' reports")
     run.add_argument("--durations", nargs="+", metavar="REPORT",
