@@ -11,6 +11,7 @@
 - Each implementation's expectations manifest turns known failures into strict xfails: a cell that
   now passes fails, and so does an entry that matches no collected cell. A cell that fails with an
   error other than its entry's (`error`, a regex) fails too (expected_errors.py, registered here).
+- `--shardcheck-split K/N`: part K of N of the selected cells (split.py, registered here when asked for).
 """
 
 from __future__ import annotations
