@@ -88,6 +88,23 @@ def pytest_addoption(parser, pluginmanager):
                          "(docs/models.md). Repeatable.")
     group.addoption("--shardcheck-report", default=None, metavar="PATH",
                     help="write a JSON conformance report to PATH (cells stream to PATH + 'l' as JSON lines)")
+    group.addoption("--shardcheck-split", dest="shardcheck_split", default=None, type=_split, metavar="K/N",
+                    help="run part K of N of the selected cells, balanced by the durations earlier reports "
+                         "recorded (the same parts on every machine); `shardcheck report merge` joins the parts' reports")
+    group.addoption("--shardcheck-durations", dest="shardcheck_durations", action="append", default=None,
+                    metavar="REPORT", help="reports whose cells' durations balance --shardcheck-split (repeatable; "
+                                           "default: reports/*.json of the implementations checked; none: by count)")
+
+
+def _split(text: str):
+    import argparse
+
+    from shardcheck.conformance.report import split
+
+    try:
+        return split.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def pytest_plugin_registered(plugin, manager):

@@ -31,18 +31,19 @@ def report(cells, backends=("gloo",), day=1):
 
 
 def write(tmp_path, name, report, version=1):
-    """`report` (version 1) written as `version`: 2 upgraded, 6 as the writer writes it, 5 to 3 as
-    they did (5: less the target's unjudged line; 4: less the rows' last column, footprint too; 3:
-    less max_margin too)."""
+    """`report` (version 1) written as `version`: 2 upgraded, 7 as the writer writes it, 6 to 3 as
+    they did (6: the same without a split; 5: less the target's unjudged line; 4: less the rows' last
+    column, footprint too; 3: less max_margin too)."""
     path = tmp_path / name
     if version >= 3:
         reporting.write(reporting.rewrite(reading.upgrade(report), None), path)
-        if version < 6:
+        if version < 7:
             old = json.loads(path.read_text())
-            columns = {5: 14, 4: 13, 3: 12}[version]
+            columns = {6: 14, 5: 14, 4: 13, 3: 12}[version]
             old["schema_version"], old["cell_columns"] = version, old["cell_columns"][:columns]
             old["cells"] = [row[:columns] for row in old["cells"]]
-            old["target"].pop("unjudged", None)
+            if version < 6:
+                old["target"].pop("unjudged", None)
             path.write_text(json.dumps(old))
     else:
         path.write_text(json.dumps(reading.upgrade(report) if version == 2 else report))

@@ -69,7 +69,7 @@ def test_unsupported_is_its_own_status_and_known_failures_are_xfails(tmp_path):
     outcomes = {c["check"] + str(c["params"].get("x", "")): c["outcome"] for c in report["cells"]}
     assert outcomes == {"test_supported1": "passed", "test_supported2": "xfailed",
                         "test_needs_offload": "unsupported", "test_raises_unsupported_on_ranks": "unsupported"}
-    assert report["complete"] and report["schema_version"] == 6
+    assert report["complete"] and report["schema_version"] == 7
     assert report["implementations"][0]["name"] == "fake"
     cell = next(c for c in report["cells"] if c["params"].get("x") == 1)
     assert cell["max_abs_err"] == 0.1 and cell["tolerances"] == [[1e-6, 1e-5]]

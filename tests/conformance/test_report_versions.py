@@ -119,7 +119,7 @@ def test_writing_a_report_puts_a_row_on_a_line(tmp_path):
     report = _v3([_cell(f"d/test_f.py::test_x[fsdp-ws{n}-FULL_SHARD]") for n in range(1, 12)])
     reporting.write(report, tmp_path / "r.json")
     lines = (tmp_path / "r.json").read_text().splitlines()
-    assert lines[0] == "{" and lines[1] == '"schema_version": 6,' and ' [0,0,"passed",0.25,null,null,2],' in lines
+    assert lines[0] == "{" and lines[1] == '"schema_version": 7,' and ' [0,0,"passed",0.25,null,null,2],' in lines
     assert json.loads((tmp_path / "r.json").read_text()) == report
 
 
@@ -138,3 +138,28 @@ def test_the_committed_report_as_version_3_is_a_tenth_of_version_2_and_shows_the
     assert matrix.markdown([new]) == matrix.markdown([old])
     assert [(c["nodeid"], c["outcome"], c["rank_outcomes"], c["expectation"]) for c in new["cells"]] == \
         [(c["nodeid"], c["outcome"], c["rank_outcomes"], c["expectation"]) for c in old["cells"]]
+
+
+SPLIT = {"part": 2, "of": 3, "selection": "0123456789abcdef", "plan": "fedcba9876543210", "cells": 9, "timed": 7}
+
+
+def test_version_7_adds_an_optional_split_and_reads_version_6_as_it_was(tmp_path, capsys):
+    """Version 7 = version 6 with `split` (report/split.py); a version 6 report is read, and `report
+    upgrade` rewrites it as version 7 without one (it was not split)."""
+    from shardcheck.conformance.cli import main as cli
+
+    cells = [_cell(f"d/test_f.py::test_x[fsdp-ws{n}-FULL_SHARD]") for n in (2, 4)]
+    part = reporting.compose({**_v3(cells), "split": SPLIT}, cells, "r.jsonl")
+    assert part["schema_version"] == 7 and part["split"] == SPLIT and reading.validate(part) is None
+    assert reading.expand(part)["split"] == SPLIT  # load keeps it
+    both = {**part, "split": {**SPLIT, "parts": []}}
+    assert reading.validate(both) is not None  # a part or a merge, never both
+    v6 = {k: v for k, v in _v3(cells).items() if k != "split"}
+    v6["schema_version"] = 6
+    assert reading.validate(v6) is None and reading.validate({**v6, "split": SPLIT}).startswith("$")
+    (tmp_path / "v6.json").write_text(json.dumps(v6))
+    assert cli.main(["report", "upgrade", str(tmp_path / "v6.json"), "-o", str(tmp_path / "v7.json")]) == 0
+    assert "(schema version 6," in capsys.readouterr().out
+    upgraded = reading.load(tmp_path / "v7.json")
+    assert upgraded["schema_version"] == 7 and "split" not in upgraded
+    assert [(c["nodeid"], c["outcome"]) for c in upgraded["cells"]] == [(c["nodeid"], c["outcome"]) for c in cells]

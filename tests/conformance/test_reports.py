@@ -30,7 +30,7 @@ def real_report(tmp_path_factory):
 
 # ---- schema -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7])
 def test_schema_is_draft_2020_12_and_versioned(version):
     schema = json.loads(reading.SCHEMAS[version].read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -84,11 +84,11 @@ def test_a_mutated_report_fails_validation(real_report, mutate, where):
 
 
 def test_another_schema_version_is_one_clear_line(tmp_path, capsys):
-    path = samples.write(tmp_path, "v7.json", {**samples.report([]), "schema_version": 7})
+    path = samples.write(tmp_path, "v8.json", {**samples.report([]), "schema_version": 8})
     assert cli.main(["matrix", path]) == 2
     err = capsys.readouterr().err
-    assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 7; this shardcheck reads "
-                   "versions 1, 2, 3, 4, 5, 6\n")
+    assert err == (f"shardcheck: {path}: not a shardcheck report: schema version 8; this shardcheck reads "
+                   "versions 1, 2, 3, 4, 5, 6, 7\n")
 
 
 def test_a_version_1_report_is_read_as_version_2(real_report):
@@ -99,7 +99,7 @@ def test_a_version_1_report_is_read_as_version_2(real_report):
     assert report["summary"]["by_impl"]["a"]["behaviour"] == {"collected": 1, "reached": 0, "passed": 0,
                                                              "coverage": 0.0, "conformance": None}
     assert matrix.validate(report) is None and matrix.validate(v1) is None
-    assert real_report["schema_version"] == 6
+    assert real_report["schema_version"] == 7 and "split" not in real_report  # an unsplit run
     from shardcheck.conformance.expectations import releases  # the line the run printed, or null
 
     assert real_report["target"]["unjudged"] == releases.unjudged(real_report["target"]["torch"], ["reference"])
@@ -128,7 +128,7 @@ def test_rates_leave_out_unsupported_and_skipped_and_count_xfailed_as_not_passed
     assert matrix.rate(counts["all", "torch-fsdp2"]) == 25.0
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 7])
 def test_matrix_markdown_on_stdout(tmp_path, capsys, version):
     assert cli.main(["matrix", *samples.two_runs(tmp_path, version)]) == 0
     out = capsys.readouterr().out
@@ -220,7 +220,7 @@ def test_diff_buckets_every_change(tmp_path):
                        ("vanished", "test_gone", "passed", None)}
 
 
-@pytest.mark.parametrize("old_version, new_version", [(1, 1), (2, 3), (3, 4), (4, 5), (5, 2), (5, 6), (6, 6)])
+@pytest.mark.parametrize("old_version, new_version", [(1, 1), (2, 3), (3, 4), (4, 5), (5, 2), (5, 6), (6, 7), (7, 7)])
 def test_diff_exits_1_on_a_regression_and_prints_the_table(tmp_path, capsys, monkeypatch, old_version, new_version):
     monkeypatch.setenv("COLUMNS", "200")
     assert cli.main(["diff", *_old_new(tmp_path, old_version, new_version)]) == 1

@@ -2,7 +2,7 @@
 
     shardcheck run [--impl NAME]... [--backend gloo|threaded|nccl] [--world-sizes 2,4]
                    [--family clip_grad,...] [-k EXPR] [-o REPORT] [--min-coverage PCT]
-                   [-- pytest args]
+                   [--split K/N [--durations REPORT...]] [-- pytest args]
 
 runs the conformance matrix through pytest (the checks are pytest tests) and writes a JSON report,
 with a progress bar on a terminal (plain progress lines elsewhere), a families x outcomes table and
@@ -18,9 +18,11 @@ workers, one per core (`--workers N` sets it, 0 for this process alone; a select
 
     shardcheck report assemble REPORT.jsonl [-o REPORT.json]
     shardcheck report upgrade REPORT.json [-o OUT.json]
+    shardcheck report merge PART... -o OUT.json
 
-rebuild the report from the cells a run streamed, e.g. after a crash (`complete: false`), and rewrite
-a report of an earlier schema version as the current one (in place by default), saying its size before and after.
+rebuild the report from the cells a run streamed, e.g. after a crash (`complete: false`), rewrite
+a report of an earlier schema version as the current one (in place by default), saying its size before and after,
+and join the reports of `run --split 1/N` ... `N/N` into one (cli/splitting.py; exit 7: a part missing or repeated).
 
     shardcheck matrix REPORT... [--markdown OUT.md] [--html OUT.html] [--memory-chart OUT.svg]
     shardcheck diff OLD NEW
@@ -60,7 +62,7 @@ import pytest
 from shardcheck.conformance.checks import DEFAULT_FAMILIES, FAMILIES, OPT_IN
 from shardcheck.conformance.cli import explore as explore_command
 from shardcheck.conformance.cli import exit_codes as codes
-from shardcheck.conformance.cli import cells, interrupts, matrix_commands, own_model, report_commands
+from shardcheck.conformance.cli import cells, interrupts, matrix_commands, own_model, report_commands, splitting
 from shardcheck.conformance.cli import releases as releases_command
 from shardcheck.conformance.expectations import releases
 from shardcheck.harness import collector
@@ -93,7 +95,7 @@ def _run(args, passthrough: list[str]) -> int:
     writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
     if note := releases.unjudged(releases.installed_torch(), args.impl or ["reference"]):
         print(f"shardcheck: {note}", file=sys.stderr)  # runs all the same, saying so first
-    refused = _unloadable(args.impl or [])
+    refused = _unloadable(args.impl or []) or splitting.refused(args)
     if refused:
         return refused
     made = [p for p in out.parents if not p.exists()]  # the run's own folders, deepest first
@@ -117,6 +119,7 @@ def _run(args, passthrough: list[str]) -> int:
         argv += [f"--shardcheck-world-sizes={args.world_sizes}"]
     if args.k:
         argv += ["-k", args.k]
+    argv += splitting.pytest_args(args)  # --split K/N: part K of the cells selected so far
     if args.rank_timeout:
         argv += [f"--shardcheck-rank-timeout={args.rank_timeout:g}"]
     workers = workers_for(args, launch, passthrough) if args.workers == "auto" else args.workers
@@ -153,6 +156,9 @@ def _run(args, passthrough: list[str]) -> int:
     if code == pytest.ExitCode.INTERRUPTED:
         print(f"shardcheck: interrupted{interrupts.completeness(out) if writes_report else ''}", file=sys.stderr)
         return codes.INTERRUPTED
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED and args.split and writes_report and (note := splitting.empty_part(out)):
+        print(note)  # more parts than cells: an empty part's report, for the merge
+        return codes.OK
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         for path in (out, reporting.stream_path(out)) if writes_report else ():
             path.unlink(missing_ok=True)  # a report of no cell says nothing
@@ -330,16 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                           "(multi-node: start `torchrun ... -m shardcheck.conformance.cli run` yourself)")
     run.add_argument("--nproc-per-node", type=int, default=2, help="ranks for --launcher torchrun")
     own_model.add_arguments(run)
-    report = sub.add_parser("report", help="work with conformance reports").add_subparsers(
-        dest="report_command", required=True)
-    assemble = report.add_parser("assemble", help="rebuild a JSON report from its JSON-lines stream "
-                                                  "(an interrupted run's is marked complete: false)")
-    assemble.add_argument("jsonl", metavar="JSONL", help="the cells streamed by a run (REPORT.jsonl)")
-    assemble.add_argument("-o", "--output", help="report path (default: JSONL without its final 'l')")
-    upgrade = report.add_parser("upgrade", help="rewrite a report of an earlier schema version as the current "
-                                                "one; prints its size before and after")
-    upgrade.add_argument("report", metavar="REPORT", help="the JSON report (any version this shardcheck reads)")
-    upgrade.add_argument("-o", "--output", help="where to write it (default: over REPORT)")
+    splitting.add_arguments(run)
+    report_commands.add_parser(sub)
     from shardcheck.conformance.simulate import command as simulate_command
     simulate_command.add_parser(sub)
     for command in (matrix_commands, explore_command, releases_command, cells):
@@ -353,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("matrix", "diff"):
         return matrix_commands.main(args)
     if args.command == "report":
-        return (report_commands.assemble if args.report_command == "assemble" else report_commands.upgrade)(args)
+        return report_commands.main(args)
     if args.command in ("explore", "releases", "cells"):
         return releases_command.main(args, passthrough) if args.command == "releases" else \
             {"explore": explore_command, "cells": cells}[args.command].main(args)

@@ -11,6 +11,11 @@ and this shardcheck (editable from its source checkout, or the same version from
 Arguments after ``--`` go to every `shardcheck run`. uv makes the virtualenvs when it is on PATH
 (one download cache for every release), pip otherwise (--installer).
 
+`--split K/N` runs the Kth of N shares of the releases (release i of the list, from 0, in share
+i % N + 1): N machines (a job array, a CI matrix) each make their own virtualenvs and reports, and
+`shardcheck matrix` reads the reports gathered from all of them (docs/splitting.md). A single run's
+cells are split with `-- --split K/N` instead (passed to `shardcheck run`; `shardcheck report merge`).
+
 Exit code: the worst of the runs' (0 all passed, 1 a failed cell, 2 an environment that could not be
 made or a run that could not start). It ends with the trend of its own runs (report/trend.py);
 `shardcheck matrix OUT/*/*.json` shows the whole trend.
@@ -25,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from shardcheck.conformance.cli import splitting
 
 DEFAULT_OUT = "reports/releases"
 
@@ -42,6 +49,9 @@ def add_parser(sub) -> None:
                    help="where the virtualenvs live (default ~/.cache/shardcheck/envs)")
     p.add_argument("-o", "--output", default=DEFAULT_OUT, metavar="DIR",
                    help=f"reports go to DIR/<package>-<version>/<impl>.json (default {DEFAULT_OUT})")
+    p.add_argument("--split", type=splitting.k_of_n, metavar="K/N",
+                   help="judge only the Kth of N shares of the releases (release i in share i %% N + 1), "
+                        "one share per machine")
     p.add_argument("--installer", choices=("uv", "pip"), default="uv" if shutil.which("uv") else "pip",
                    help="what makes the virtualenvs (default uv when on PATH, else pip)")
 
@@ -55,6 +65,12 @@ def releases(pins: list[str]) -> list[tuple[str, str]]:
             raise ValueError(f"{pin!r}: expected PACKAGE==V1[,V2...], e.g. torch==2.9.1,2.14.1")
         out += [(package.strip().lower(), v.strip()) for v in versions.split(",") if v.strip()]
     return out
+
+
+def share(todo: list[tuple[str, str]], k_of_n: str) -> list[tuple[str, str]]:
+    """The Kth of N shares of the releases, in their order: release i goes to share i % N + 1."""
+    part, of = map(int, k_of_n.split("/"))
+    return [release for i, release in enumerate(todo) if i % of == part - 1]
 
 
 def requirements(package: str, version: str, extra: list[str]) -> list[str]:
@@ -131,6 +147,10 @@ def main(args, passthrough: list[str]) -> int:
         print(f"shardcheck releases: {exc}", file=sys.stderr)
         return 2
     impls, worst, written = args.impl or ["reference"], 0, []
+    if getattr(args, "split", None):
+        todo = share(todo, args.split)
+        print(f"shardcheck releases: share {args.split}: "
+              f"{', '.join(f'{p}=={v}' for p, v in todo) or 'no release (more shares than releases)'}", flush=True)
     print(f"shardcheck releases: {len(todo)} release(s) x {len(impls)} implementation(s); "
           f"virtualenvs in {args.envs} ({args.installer})", flush=True)
     for package, version in todo:

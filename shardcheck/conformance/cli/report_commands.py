@@ -1,11 +1,69 @@
-"""`shardcheck report assemble` (a report from the cells a run streamed, e.g. after a crash) and
-`shardcheck report upgrade` (an earlier schema version rewritten as the current one)."""
+"""`shardcheck report assemble` (a report from the cells a run streamed, e.g. after a crash),
+`shardcheck report upgrade` (an earlier schema version rewritten as the current one) and
+`shardcheck report merge` (the parts of a split run joined into one report, report/merge.py)."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+
+from shardcheck.conformance.cli import exit_codes as codes
+
+
+def add_parser(sub) -> None:
+    report = sub.add_parser("report", help="work with conformance reports").add_subparsers(
+        dest="report_command", required=True)
+    assemble = report.add_parser("assemble", help="rebuild a JSON report from its JSON-lines stream "
+                                                  "(an interrupted run's is marked complete: false)")
+    assemble.add_argument("jsonl", metavar="JSONL", help="the cells streamed by a run (REPORT.jsonl)")
+    assemble.add_argument("-o", "--output", help="report path (default: JSONL without its final 'l')")
+    upgrade = report.add_parser("upgrade", help="rewrite a report of an earlier schema version as the current "
+                                                "one; prints its size before and after")
+    upgrade.add_argument("report", metavar="REPORT", help="the JSON report (any version this shardcheck reads)")
+    upgrade.add_argument("-o", "--output", help="where to write it (default: over REPORT)")
+    merge = report.add_parser("merge", help="join the reports of the parts of a split run (run --split K/N) "
+                                            f"into one; a part missing or repeated is refused (exit {codes.PARTS})")
+    merge.add_argument("parts", nargs="+", metavar="PART", help="every part's JSON report, each once")
+    merge.add_argument("-o", "--output", required=True, help="where to write the joined report")
+
+
+def main(args) -> int:
+    return {"assemble": assemble, "upgrade": upgrade, "merge": merge}[args.report_command](args)
+
+
+def merge(args) -> int:
+    """The parts' reports joined (shardcheck.conformance.report.merge): exit 0 when written; 2 a part
+    that is not a readable report; 3 an output that cannot be written; PARTS a set that is not every
+    part of one split run once."""
+    from shardcheck.conformance.report import merge as joining
+    from shardcheck.conformance.report import writer as reporting
+    from shardcheck.conformance.report.reading import ReportError, load, validate
+
+    out = Path(args.output)
+    try:
+        parts = [(path, load(path)) for path in args.parts]
+    except ReportError as exc:
+        print(f"shardcheck: {exc}", file=sys.stderr)
+        return codes.USAGE
+    try:
+        report = joining.merge(parts, out)
+    except joining.PartsError as exc:
+        print(f"shardcheck report merge: {exc}", file=sys.stderr)
+        return codes.PARTS
+    problem = reporting.unwritable(out, stream=False)
+    if problem:
+        print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
+        return codes.UNWRITABLE
+    problem = validate(report)
+    if problem:  # never write a report that fails the schema
+        print(f"shardcheck report merge: cannot make a valid report: {problem}", file=sys.stderr)
+        return codes.USAGE
+    reporting.write(report, out)
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(report["summary"]["by_outcome"].items()))
+    print(f"shardcheck: report written to {out} ({len(report['cells'])} cells of {report['split']['cells']} "
+          f"from {len(parts)} parts: {counts}; complete: {str(report['complete']).lower()})")
+    return codes.OK
 
 
 def assemble(args) -> int:

@@ -11,6 +11,7 @@
 - Each implementation's expectations manifest turns known failures into strict xfails: a cell that
   now passes fails, and so does an entry that matches no collected cell. A cell that fails with an
   error other than its entry's (`error`, a regex) fails too (expected_errors.py, registered here).
+- `--shardcheck-split K/N`: part K of N of the selected cells (split.py, registered here when asked for).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def pytest_configure(config):
     config._shardcheck_impls = config._shardcheck_manifests = None
     if not config.pluginmanager.has_plugin("shardcheck-expected-errors"):
         config.pluginmanager.register(expected_errors, "shardcheck-expected-errors")
+    if config.getoption("shardcheck_split", None) and not config.pluginmanager.has_plugin("shardcheck-split"):
+        from shardcheck.conformance.pytest_plugin import split  # part K of N of the selected cells
+
+        config.pluginmanager.register(split, "shardcheck-split")
     if config.getoption("shardcheck_impl"):
         impls(config)  # asked for: load now, so that a bad name is a usage error before collection
 

@@ -1,5 +1,5 @@
 """Reading conformance reports of every version this shardcheck reads (READS): validation against
-their schema (version 6: schema.json; version 5: schema-v5.json; version 4: schema-v4.json; version 3: schema-v3.json; versions 1 and 2: schema-v2.json,
+their schema (version 7: schema.json; version 6: schema-v6.json; version 5: schema-v5.json; version 4: schema-v4.json; version 3: schema-v3.json; versions 1 and 2: schema-v2.json,
 version 1 upgraded first),
 and `load`, which gives every version the same shape: full cells (version 2's) under `cells`.
 
@@ -22,13 +22,14 @@ import jsonschema
 from shardcheck.conformance.report import compact, coverage
 
 SCHEMA = Path(__file__).with_name("schema.json")  # the version the writer writes
+# version 7 = version 6 with the optional `split` (a part of a split run, or the merge of its parts);
 # version 6 = version 5 with the target's `unjudged` line (the torch release not judged, or null);
 # version 5 = version 4 with a cell's measured footprint (family sharding) as a last row column;
 # version 4 = version 3 with a cell's worst margin as a last row column; version 1 is read as version 2
-SCHEMAS = {6: SCHEMA, 5: SCHEMA.with_name("schema-v5.json"), 4: SCHEMA.with_name("schema-v4.json"), 3: SCHEMA.with_name("schema-v3.json"),
+SCHEMAS = {7: SCHEMA, 6: SCHEMA.with_name("schema-v6.json"), 5: SCHEMA.with_name("schema-v5.json"), 4: SCHEMA.with_name("schema-v4.json"), 3: SCHEMA.with_name("schema-v3.json"),
            2: SCHEMA.with_name("schema-v2.json")}
-SCHEMA_VERSION = 6
-READS = (1, 2, 3, 4, 5, 6)
+SCHEMA_VERSION = 7
+READS = (1, 2, 3, 4, 5, 6, 7)
 
 
 class ReportError(Exception):
@@ -107,7 +108,7 @@ def validate(report) -> str | None:
 
 def expand(report: dict) -> dict:
     """A valid report of any version with full cells (version 2's shape) under `cells`; a version 3
-    to 6 report keeps its `full_text` and drops its tables."""
+    to 7 report keeps its `full_text` (and `split`) and drops its tables."""
     if report["schema_version"] < 3:
         return upgrade(report)
     tables = ("tests", "cases", "texts", "expectations", "tolerances", "cell_columns")

@@ -3,7 +3,8 @@ the run crashes), and the final JSON report assembled from it at the end of the 
 
 Enabled with `--shardcheck-report PATH` (what `shardcheck run` passes). The cells go to PATH + "l"
 (`report.json` -> `report.jsonl`): a "header" line, a "collected" line with the number of cells the
-session will run, one "cell" line per finished cell, an "interrupted" line the moment a Ctrl-C
+session will run, a "split" line when it runs one part of a split selection (--shardcheck-split,
+shardcheck.conformance.report.split), one "cell" line per finished cell, an "interrupted" line the moment a Ctrl-C
 reaches pytest, and a "footer" line when the session ends. `assemble(jsonl)` rebuilds the report
 from the lines alone (also `shardcheck report assemble`). A report is `complete` only when every
 collected cell has its line and nothing says the run was stopped: however the signals fall (a
@@ -36,13 +37,13 @@ import pytest
 
 from shardcheck.conformance.expectations import releases
 from shardcheck.conformance.protocol.outcomes import BAD, outcome_of
-from shardcheck.conformance.report import compact, coverage, reading, texts
+from shardcheck.conformance.report import compact, coverage, reading, split, texts
 from shardcheck.conformance.report.reading import SCHEMA_VERSION
 from shardcheck.conformance.report.stream import StreamError, lock_stream, stream_path, unwritable  # callers reach them here too
 from shardcheck.conformance.report.texts import KNOWN_FAILURE_LIMIT, MESSAGE_LIMIT, bounded
 from shardcheck.conformance.report.cells import nodeid_of
 
-HEAD = ("suite", "started", "implementations", "target", "finished", "duration_s", "complete", "exit_status")
+HEAD = ("suite", "started", "implementations", "target", "finished", "duration_s", "complete", "exit_status", "split")
 PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
 SUITE_VERSION = "0.1.0"
 RECORDED_ENV = ("SHARDCHECK_BACKEND", "SHARDCHECK_IMPL", "SHARDCHECK_LAUNCH", "CUDA_VISIBLE_DEVICES",
@@ -114,10 +115,21 @@ class ReportWriter:
 
     def pytest_sessionstart(self, session):  # every plugin is configured by now
         self._append({"kind": "header", **self.header()})
-        self.collected = None
+        self.collected, self.split_said = None, False
 
     def pytest_collection_finish(self, session):  # a plain session (xdist's controller collects nothing)
         self._collected(len(session.items))
+        self._split(session.config.stash.get(split.RECORD, None))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):  # a pytest-xdist worker's split (all make the same)
+        self._split(getattr(node, "workeroutput", {}).get(split.WORKER_OUTPUT))
+
+    def _split(self, record: dict | None) -> None:
+        """`--shardcheck-split K/N` (shardcheck.conformance.report.split): which part this run is, once."""
+        if record is not None and not self.split_said:
+            self.split_said = True
+            self._append({"kind": "split", **record})
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):  # every worker collects the same cells
@@ -233,7 +245,7 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
     stopped early (-x, Ctrl-C), no line was cut short, and every collected cell finished. A killed
     run's `finished` is the time of its last line, its `exit_status` null. `full_text` names `lines`
     from the folder of `report` (default: beside it)."""
-    header, footer, cells, explore, torn = None, None, {}, [], False
+    header, footer, cells, explore, torn, parted = None, None, {}, [], False, None
     collected, interrupted = None, False
     try:
         text = lines.read_text(encoding="utf-8")
@@ -260,6 +272,8 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
                 cells[entry["nodeid"]] = entry
         elif kind == "explore":
             explore.append(entry)
+        elif kind == "split":
+            parted = entry
         elif kind == "collected":
             collected = entry.get("count")
         elif kind == "interrupted":
@@ -278,7 +292,8 @@ def assemble(lines: Path, report: Path | None = None) -> dict:
     head = {**header, "finished": finished.isoformat(), "duration_s": (finished - started).total_seconds(),
             "complete": (footer is not None and not footer.get("interrupted") and not interrupted and not torn
                          and (collected is None or len(cells) >= collected)),
-            "exit_status": _exit_status(footer, interrupted or (collected is not None and len(cells) < collected))}
+            "exit_status": _exit_status(footer, interrupted or (collected is not None and len(cells) < collected)),
+            **({"split": parted} if parted else {})}
     folder = (report or lines).absolute().parent
     return compose(head, list(cells.values()), os.path.relpath(lines.absolute(), folder), explore)
 
