@@ -40,7 +40,8 @@ class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     def no_sync(self, model):
         return model.no_sync()
 
-    def shard(self, model: nn.Module, spec: ShardSpec, find_unused_parameters: bool = False):
+    def shard(self, model: nn.Module, spec: ShardSpec, find_unused_parameters: bool = False,
+              gradient_as_bucket_view: bool = False):
         mp = spec.mixed_precision
         if spec.strategies != {self.strategy} or spec.offload or (mp and (mp.buffer_dtype or mp.keep_low_precision_grads)):
             raise Unsupported(f"DDP only replicates ({self.strategy}; no offload, buffer dtype or low-precision grads)")
@@ -48,7 +49,8 @@ class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         group = spec.mesh.get_group() if spec.mesh is not None else None
         device_ids = [spec.device] if spec.device.type == "cuda" else None
         return DDP(model, device_ids=device_ids, process_group=group,
-                   find_unused_parameters=find_unused_parameters, **kwargs)
+                   find_unused_parameters=find_unused_parameters, gradient_as_bucket_view=gradient_as_bucket_view,
+                   **kwargs)
 
     def full_params(self, model):
         return {n.removeprefix(_PREFIX): p.detach().clone() for n, p in model.named_parameters()}

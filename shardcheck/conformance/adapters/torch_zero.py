@@ -2,8 +2,9 @@
 
 SHARD_OPTIMIZER: DDP replicates the parameters and all-reduces the gradients; the optimizer wraps
 the recipe's torch optimizer class, each rank stepping its greedy, size-sorted partition of whole
-parameters, then broadcasting them. Variants: `bucket-view` (`parameters_as_bucket_view=True`) and
-`overlap` (`overlap_with_ddp=True`, the step run from DDP's comm hook). Checkpoints: the optimizer's
+parameters, then broadcasting them. Variants: `bucket-view` (`parameters_as_bucket_view=True`),
+`overlap` (`overlap_with_ddp=True`, the step run from DDP's comm hook) and `grad-bucket-view` (DDP's
+`gradient_as_bucket_view=True`: the gradients held once). Checkpoints: the optimizer's
 `consolidate_state_dict` on the group's first rank, which writes one file; every rank loads it and
 ZeroRedundancyOptimizer keeps its own partition (at any world size).
 """
@@ -29,7 +30,9 @@ class TorchZeroAdapter(DDPAdapter):
     variants = {"bucket-view": "parameters_as_bucket_view=True: parameters packed into one bucket per device "
                                "and dtype, param.data views into it",
                 "overlap": "overlap_with_ddp=True: the optimizer step overlapped with DDP's gradient buckets "
-                           "(ddp_zero_hook.hook_with_zero_step)"}
+                           "(ddp_zero_hook.hook_with_zero_step)",
+                "grad-bucket-view": "DDP(gradient_as_bucket_view=True): .grad views into DDP's buckets, the "
+                                    "gradients held once (DDP's documented memory saving; F43 without it)"}
 
     def __init__(self, variant: str | None = None) -> None:
         self.variant = variant
@@ -39,7 +42,7 @@ class TorchZeroAdapter(DDPAdapter):
         if self.variant == "overlap" and dist.get_backend() not in ("nccl", "hccl"):
             raise Unsupported("overlap_with_ddp: torch's hook_with_zero_step raises on any backend other than "
                               "NCCL/HCCL (ddp_zero_hook.py: 'Gloo may hang')")
-        return super().shard(model, spec, find_unused_parameters)
+        return super().shard(model, spec, find_unused_parameters, gradient_as_bucket_view=self.variant == "grad-bucket-view")
 
     def optimizer(self, model, spec, recipe):
         zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=recipe.optimizer.torch_class,
