@@ -29,6 +29,7 @@ import torch
 
 from shardcheck.conformance.adapters import dcp, frontends
 from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
+from shardcheck.conformance.protocol.documented import FLOAT32, Documented
 
 try:
     from accelerate import Accelerator, PartialState
@@ -184,6 +185,9 @@ class AccelerateTrainer:
 class AccelerateAdapter:
     name = "accelerate"
     version = importlib.metadata.version("accelerate")
+    # A model loaded in bf16 under mixed precision trains float32 master weights: FSDP upcasts them
+    # (accelerator.prepare; accelerate#2674, its concept guide on FSDP and DeepSpeed precision).
+    documented = Documented(FLOAT32, "https://huggingface.co/docs/accelerate/concept_guides/fsdp_and_deepspeed")
     variants = {"fsdp2": "FullyShardedDataParallelPlugin(fsdp_version=2): fully_shard underneath",
                 "joint": "FSDP1, accelerator.prepare(model, optimizer) with the optimizer built before sharding",
                 "unshimmed": "FSDP1 plugin as a user builds it on a CPU machine (Accelerator(cpu=True)), no shim"}

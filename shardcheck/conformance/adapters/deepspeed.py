@@ -21,6 +21,7 @@ import os
 import pytest
 import torch
 
+from shardcheck.conformance.protocol.documented import FLOAT32, Documented
 from shardcheck.conformance.adapters import deepspeed_runtime
 from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss
 
@@ -129,6 +130,9 @@ class DeepSpeedTrainer:
 class DeepSpeedAdapter:
     name = "deepspeed"
     version = importlib.metadata.version("deepspeed")
+    # bf16 training keeps float32 master weights in the optimizer, whatever dtype the model came in
+    # (its config documentation, "BFLOAT16 training options"; F13 is the cast before them).
+    documented = Documented(FLOAT32, "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options")
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
                               "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
                               "activation_checkpointing", "buffers", "compile", "checkpoint"})

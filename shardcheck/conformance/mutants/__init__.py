@@ -148,6 +148,8 @@ mutant-meta-init-unties               a weight two modules share, untied when th
   (MetaInitUnties)                                                                                                        test_composition.py::test_meta_init_hybrid
 mutant-wrapping-unties                a weight two modules share (tied embeddings), untied when the model is wrapped      test_models.py::test_model_parity
   (WrappingUnties)                    (its runs judge mutants.models.tied_tower, as the user's own model)
+mutant-low-load-upcast                master weights upcast to float32 where the engine promises them as loaded (bf16)    test_models.py::test_bf16_loaded_model
+  (LowLoadUpcast)                     (needs transformers, the extra models: its run skips without it)
 mutant-meta-init-buffer-uninitialized a non-persistent buffer left as to_empty() left it (its module owns no parameter)   test_composition.py::test_meta_init
   (BufferLeftUninitialized)
 mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before forward (statistics diverge per rank)      test_composition.py::test_buffers
@@ -190,7 +192,7 @@ from shardcheck.conformance.mutants.clip import (
     ClipReplicatedOvercount,
     ClipUnclamped,
 )
-from shardcheck.conformance.mutants.models import WrappingUnties
+from shardcheck.conformance.mutants.models import LowLoadUpcast, WrappingUnties
 from shardcheck.conformance.mutants.composition import (
     BufferLeftUninitialized,
     BuffersNotBroadcast,
@@ -319,6 +321,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     SavesPastCheckpointing,
     MetaInitUnties,
     WrappingUnties,
+    LowLoadUpcast,
     BufferLeftUninitialized,
     BuffersNotBroadcast,
     CompileDropped,

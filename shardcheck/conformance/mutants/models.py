@@ -71,3 +71,29 @@ class WrappingUnties(MutantAdapter):
             return original(module, **kwargs)
 
         replace(ri, "shard", untying_shard)
+
+
+class LowLoadUpcast(MutantAdapter):
+    """Master shards made float32 whatever dtype the model was loaded in (Accelerate's FSDP upcast
+    applied by an engine that promises the weights as loaded, or a cast left in a wrapper): a model
+    from `from_pretrained(dtype=torch.bfloat16)` trains float32 master weights, silently. Models
+    built in float32 are untouched."""
+
+    name = "mutant-low-load-upcast"
+    bug = "master weights upcast to float32 where the engine promises them as loaded (bf16)"
+    checks = (MODELS.replace("test_model_parity", "test_bf16_loaded_model"),)
+    needs_zoo = True  # the check loads transformers' Llama: its runs need the extra shardcheck[models]
+
+    def patch(self) -> None:
+        import shardcheck.reference_impl as ri
+
+        original = ri.shard
+
+        def upcasting_shard(module, **kwargs):
+            with torch.no_grad():
+                for p in module.parameters():
+                    if p.is_floating_point() and p.dtype != torch.float32 and not p.is_meta:
+                        p.data = p.data.float()
+            return original(module, **kwargs)
+
+        replace(ri, "shard", upcasting_shard)
