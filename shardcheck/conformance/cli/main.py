@@ -76,6 +76,8 @@ def _run(args, passthrough: list[str]) -> int:
     models = own_model.pytest_args(args)
     if isinstance(models, int):
         return models
+    if models:  # the user's models alone: not the zoo's other cells (the bf16 load of Llama)
+        args.k = f"test_model_parity and ({args.k})" if args.k else "test_model_parity"
     families = args.family.split(",") if args.family else ["models"] if models else list(DEFAULT_FAMILIES)
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
