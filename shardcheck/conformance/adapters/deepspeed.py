@@ -6,7 +6,10 @@ clips by the global L2 norm and updates. Strategies map to the nearest ZeRO stag
 SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only optimizer state sharded), HYBRID_SHARD -> 3 with hpZ
 (parameters gathered within the mesh's shard groups). Not declared: norm types other than 2 (its
 `gradient_clipping` is L2 only), loss scaling (only in its fp16 mode, never over float32 compute),
-fp16 (its master weights come from the cast model, FINDINGS F13). Accumulation is its own
+fp16 (its master weights come from the cast model, FINDINGS F13). The variant `deepspeed[autocast]` computes
+in low precision through DeepSpeed's `torch_autocast` instead of its `bf16` mode: the parameters and master
+weights stay float32 and the engine runs its forward under `torch.autocast` (DeepSpeed documents the mode:
+AUTOCAST_DOC below). Accumulation is its own
 (`gradient_accumulation_steps`): ZeRO-1 (NO_SHARD) reduces at the boundary only, which is the
 recipe's sync on the last micro-batch; ZeRO-2/3 reduce every micro-batch, so that is unsupported there.
 Frozen parameters are not declared (not mapped yet). Checkpoints: `save_checkpoint` / `load_checkpoint`.
@@ -27,23 +30,43 @@ from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_
 
 COMM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 3}
+AUTOCAST_DOC = "https://deepspeed.readthedocs.io/en/latest/training.html#pytorch-automatic-mixed-precision-amp"
+AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16"}  # fp16 under autocast needs loss scaling: not declared here
 if importlib.util.find_spec("deepspeed") is None:
     raise ImportError("deepspeed is not installed: see the README (DS_BUILD_OPS=0 PIP_NO_BUILD_ISOLATION=0 "
                       "pip install 'shardcheck[deepspeed]')")
 
 
 class DeepSpeedTrainer:
-    def __init__(self, ds, model, spec, recipe):
+    def __init__(self, ds, model, spec, recipe, autocast: bool = False):
         self.recipe, self.clip, mp = recipe, recipe.clip, spec.mixed_precision
+        low = mp.param_dtype if mp else None
         config = {
             "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": recipe.accumulation_steps,
             "train_batch_size": spec.mesh.size() * recipe.accumulation_steps,
             "gradient_clipping": float(self.clip.max_norm) if self.clip else 0.0,  # its default is 1.0
             "zero_allow_untested_optimizer": True,  # a client torch optimizer (SGD is "untested")
             "zero_optimization": {"stage": STAGES[spec.strategy]},
-            "bf16": {"enabled": bool(mp and mp.param_dtype == torch.bfloat16)},
+            "bf16": {"enabled": low == torch.bfloat16 and not autocast},
             "steps_per_print": 1 << 30,
         }
+        if autocast and low is not None:
+            if low not in AUTOCAST_DTYPES:
+                raise Unsupported(f"torch_autocast in {low} (only bfloat16 is wired: fp16 needs loss scaling)")
+            # DeepSpeed's torch_autocast, as AUTOCAST_DOC gives it (and not its `bf16` section, which it
+            # cannot be combined with): "enabled": the engine runs its forward under torch.autocast ("You
+            # don't need to call torch.autocast in your code"), the parameters and the optimizer's master
+            # weights stay float32; "dtype": the lower-precision dtype passed to torch.autocast;
+            # "lower_precision_safe_modules": the modules whose gradients are reduced (and, under ZeRO-3,
+            # whose parameters are gathered) in that dtype, DeepSpeed's default list (Linear, Conv1d-3d)
+            # when not given. The spec's reduce_dtype decides it: float32 reduction, as FSDP's
+            # MixedPrecision(reduce_dtype=float32), is no module downcast (an empty list); reduction in
+            # the compute dtype (reduce_dtype None or bfloat16) is DeepSpeed's default list.
+            config["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_DTYPES[low]}
+            if mp.reduce_dtype == torch.float32:
+                config["torch_autocast"]["lower_precision_safe_modules"] = []
+            elif mp.reduce_dtype not in (None, low):
+                raise Unsupported(f"torch_autocast reduces in {low} or float32, not {mp.reduce_dtype}")
         if spec.strategy == "HYBRID_SHARD":
             config["zero_optimization"]["zero_hpz_partition_size"] = spec.mesh.shape[1]
         if mp and mp.reduce_dtype is not None:  # gradients reduced in reduce_dtype (FSDP's meaning)
@@ -133,9 +156,15 @@ class DeepSpeedAdapter:
     # bf16 training keeps float32 master weights in the optimizer, whatever dtype the model came in
     # (its config documentation, "BFLOAT16 training options"; F13 is the cast before them).
     documented = Documented(FLOAT32, "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options")
+    variants = {"autocast": "mixed precision through DeepSpeed's torch_autocast config (float32 parameters and "
+                            "master weights, forward under torch.autocast) instead of its bf16 mode"}
     capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
                               "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
                               "activation_checkpointing", "buffers", "compile", "checkpoint"})
+
+    def __init__(self, variant: str | None = None) -> None:
+        self.autocast = variant == "autocast"
+        self.name = "deepspeed" + (f"[{variant}]" if variant else "")
 
     def trainer(self, model, spec, recipe):
         if "LOCAL_RANK" not in os.environ:
@@ -145,4 +174,4 @@ class DeepSpeedAdapter:
         if recipe.accumulation_steps > 1 and not recipe.sync_each_micro_batch and STAGES[spec.strategy] > 1:
             raise Unsupported("no_sync: ZeRO-2/3 reduce each micro-batch's gradients into their partitions "
                               "(only ZeRO-0/1 hold them until the accumulation boundary)")
-        return DeepSpeedTrainer(deepspeed_runtime.load(), model, spec, recipe)
+        return DeepSpeedTrainer(deepspeed_runtime.load(), model, spec, recipe, autocast=self.autocast)
