@@ -12,7 +12,7 @@ averages the reduce-scatter and sums the all-reduce) and 3 (a factor that is no 
 FULL_SHARD mesh at world sizes 1, 2 and 4, and on HYBRID_SHARD meshes at world size 4 of shapes
 (2, 2), (1, 4) and (4, 1): one replica, and one rank per shard group, as stacks make them whenever a
 degree is configured to 1. Float32 gradients only: reduced in float16, FSDP2 splits the divisor
-around its sums and a one-rank shard group divides twice (FINDINGS F70), but float16 sums in another
+around its sums and a one-rank shard group divides twice (FINDINGS F71), but float16 sums in another
 order than the yardstick's differ by more than float16's tolerance near zero, so no cell judges them
 yet. SGD with momentum, so that a wrong divisor changes the parameters as well as the gradients (Adam
 would normalize most of it away); the gradients are compared every step.

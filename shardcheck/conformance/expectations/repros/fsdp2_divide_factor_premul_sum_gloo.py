@@ -1,4 +1,4 @@
-"""F69: FSDP2's set_gradient_divide_factor(d) on a gloo (CPU) process group raises 'Cannot use
+"""F70: FSDP2's set_gradient_divide_factor(d) on a gloo (CPU) process group raises 'Cannot use
 ReduceOp.PREMUL_SUM with Gloo' in backward whenever the shard group has more than one rank and d is
 not its size: for float32 / bfloat16 gradients _get_gradient_divide_factors picks
 ReduceOp.PREMUL_SUM(1/d) for the reduce-scatter without asking whether the backend has it (it asks

@@ -1,4 +1,4 @@
-"""F70: FSDP2 divides the gradients by set_gradient_divide_factor(d) TWICE (sum / d**2) when the
+"""F71: FSDP2 divides the gradients by set_gradient_divide_factor(d) TWICE (sum / d**2) when the
 shard group has one rank and the division happens outside the collective: a reduce dtype of float16
 (overflow risk: d is split into a pre- and a post-divide), set_force_sum_reduction_for_comms(True),
 or an MTIA device. foreach_reduce's one-rank branch copies `reduce_scatter_input /
