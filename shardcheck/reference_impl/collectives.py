@@ -168,23 +168,29 @@ def predivide_factor(world_size: int) -> float:
     return float(factor)
 
 
-def divide_factors(world_size: int) -> tuple[float, float]:
-    """``(pre, post)`` with ``pre * post = world_size``: ``pre = predivide_factor(world_size)``."""
-    pre = predivide_factor(world_size)
-    return pre, world_size / pre
+def divide_factors(world_size: int, factor: Optional[float] = None) -> tuple[float, float]:
+    """``(pre, post)`` with ``pre * post = d``, the whole divisor: ``d = world_size``, or the user's
+    ``factor`` (``set_gradient_divide_factor``) when given; ``pre = predivide_factor(d)`` (1 for a
+    ``d`` the loop stops early on, e.g. 3.0 -> (2, 1.5); ``post`` may be below 1)."""
+    total = float(world_size if factor is None else factor)
+    pre = predivide_factor(total)
+    return pre, total / pre
 
 
-def average_gradient(flat: torch.Tensor, shard_group, replicate_group) -> torch.Tensor:
+def average_gradient(flat: torch.Tensor, shard_group, replicate_group, factor: Optional[float] = None) -> torch.Tensor:
     """Average the ``[sws * S]`` local gradient buffer over all data-parallel ranks.
 
     ``out = post( all_reduce_R( reduce_scatter_G( pre(flat) ) ) )`` where ``G`` is the shard group
     (size ``sws``), ``R`` the replicate group (size ``rws``), ``pre(x) = x / f``,
-    ``post(x) = x / (sws * rws / f)`` and ``f = predivide_factor(sws * rws)``; so this rank gets
-    ``(1 / (sws * rws)) * sum over all ranks`` of its ``[S]`` slice of the buffer.
+    ``post(x) = x / (d / f)``, ``d = sws * rws`` and ``f = predivide_factor(d)``; so this rank gets
+    ``(1 / d) * sum over all ranks`` of its ``[S]`` slice of the buffer.  With a user ``factor``
+    ``d = factor``: the sum over BOTH groups divided by it once (FSDP2's ``set_gradient_divide_factor``:
+    its reduce-scatter pre-multiplies by ``1 / factor`` and its all-reduce sums), whatever the mesh's
+    shape, a dimension of size 1 included.
     """
     sws, rws = group_size(shard_group), group_size(replicate_group)
-    pre, post = divide_factors(sws * rws)
-    if pre > 1:
+    pre, post = divide_factors(sws * rws, factor)
+    if pre != 1:
         flat = flat / pre
     if sws > 1:
         out = torch.empty(flat.numel() // sws, dtype=flat.dtype, device=flat.device)
@@ -193,6 +199,6 @@ def average_gradient(flat: torch.Tensor, shard_group, replicate_group) -> torch.
         out = flat
     if rws > 1:
         dist.all_reduce(out, group=replicate_group)
-    if post > 1:
+    if post != 1:
         out.div_(post)
     return out

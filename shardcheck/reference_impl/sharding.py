@@ -20,7 +20,8 @@ parameters lives through one training step like this:
 6. **gradients reduce-scattered and averaged** (:meth:`AllGather.backward`): the adjoint of an
    all-gather is a reduce-scatter, so the full gradients ``g_q`` of every rank ``q`` become
    ``shard_r.grad += (1/W_dp) * sum_q g_q[rows of r]`` (collectives.average_gradient: the mean
-   over all data-parallel ranks, with torch's pre/post division), in one collective per unit.
+   over all data-parallel ranks with torch's pre/post division, or the sum over them divided by a
+   ``gradient_divide_factor``), in one collective per unit.
 """
 from __future__ import annotations
 
@@ -58,11 +59,13 @@ def shard(
     strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD,
     mixed_precision: Optional[MixedPrecision] = None,
     offload: bool = False,
+    gradient_divide_factor: Optional[float] = None,
 ) -> nn.Module:
     """Make ``module`` a sharded unit (in place; returns it).  Shard sub-modules first, root last.
 
     ``offload=True`` keeps shards and their gradients on the CPU and copies shards to the compute
-    device (``mesh.device_type``) for each all-gather.
+    device (``mesh.device_type``) for each all-gather.  ``gradient_divide_factor`` d: the gradients'
+    sum over every data-parallel rank is divided by d, not their number (collectives.average_gradient).
     """
     if unit_of(module) is not None:
         raise ValueError("module is already sharded")
@@ -85,7 +88,7 @@ def shard(
     plain_dtypes = {sp.shard.dtype for sp in params if not is_traceable_wrapper_subclass(sp.shard)}
     if len(plain_dtypes) > 1:
         raise ValueError(f"a unit's parameters must share one dtype, got {plain_dtypes}")
-    unit = Unit(module, params, strategy, shard_group, replicate_group, dp_group, mesh, mixed_precision, device)
+    unit = Unit(module, params, strategy, shard_group, replicate_group, dp_group, mesh, mixed_precision, device, gradient_divide_factor)
     unit.originals = {id(orig): weakref.ref(orig) for orig in uses}
     unit.restore_shards()
     for m in owned:
@@ -132,17 +135,14 @@ def units(module: nn.Module, adopt: bool = True) -> list[Unit]:
     """All units in ``module``'s tree, root first (module order).  Outside forward, ``adopt``
     first re-reads the shards from the modules (see :meth:`Unit.adopt_module_params`)."""
     found = [u for m in module.modules() if (u := unit_of(m)) is not None]
-    if adopt:
-        for u in found:
-            u.adopt_module_params()
+    for u in found if adopt else ():
+        u.adopt_module_params()
     return found
 
 
 def local_shard(param: nn.Parameter) -> nn.Parameter:
-    """The tensor that is all-gathered from: the registered sharded parameter itself.
-
-    Monkey-patch ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` on this object (after
-    ``to_empty()``, which may replace tensor contents)."""
+    """The tensor that is all-gathered from: the registered sharded parameter itself.  Monkey-patch
+    ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` on it (after ``to_empty()``, which may replace tensor contents)."""
     return param
 
 
@@ -169,6 +169,7 @@ class Unit:
     mesh: Any
     mp: Optional[MixedPrecision]
     device: torch.device  # where the full parameters live and compute happens
+    divide_factor: Optional[float] = None  # the user's gradient divisor (None: the dp world size)
     is_root: bool = True
     comm_hook: Any = None
     comm_hook_state: Any = None
@@ -181,13 +182,8 @@ class Unit:
     def __repr__(self) -> str:
         return f"Unit({type(self.module).__name__}, {self.strategy.name}, {len(self.params)} params, root={self.is_root})"
 
-    @property
-    def shard_rank(self) -> int:
-        return C.group_rank(self.shard_group)
-
-    @property
-    def shard_size(self) -> int:
-        return C.group_size(self.shard_group)
+    shard_rank = property(lambda self: C.group_rank(self.shard_group))
+    shard_size = property(lambda self: C.group_size(self.shard_group))
 
     @property
     def first_replica(self) -> bool:
@@ -295,7 +291,7 @@ class Unit:
     def communicate(self, flat: torch.Tensor) -> torch.Tensor:
         """Average a ``[shard_size * S]`` gradient buffer over the dp world; returns ``[S]``."""
         if self.comm_hook is None:
-            return C.average_gradient(flat, self.shard_group, self.replicate_group)
+            return C.average_gradient(flat, self.shard_group, self.replicate_group, self.divide_factor)
         if self.strategy is ShardingStrategy.NO_SHARD:  # all-reduce in place: hook(state, grad)
             self.comm_hook(self.comm_hook_state, flat)
             return flat

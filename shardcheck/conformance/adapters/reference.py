@@ -25,7 +25,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload", "clip_grad_norm",
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "checkpoint_reshard", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
-        "activation_checkpointing", "buffers", "compile", "tensor_parallel",
+        "activation_checkpointing", "buffers", "compile", "tensor_parallel", "gradient_divide_factor",
     })
 
     def shard(self, model, spec: ShardSpec):
@@ -34,7 +34,8 @@ class ReferenceAdapter(TorchStyleAdapter):
 
         def one(module, path):
             ri.shard(module, mesh=spec.dp_mesh, strategy=STRATEGIES[spec.strategy_of(path)],
-                     mixed_precision=_mp(spec.mixed_precision_of(path)), offload=spec.offload)
+                     mixed_precision=_mp(spec.mixed_precision_of(path)), offload=spec.offload,
+                     gradient_divide_factor=spec.gradient_divide_factor)
 
         for path, module in spec.unit_modules(model):
             one(module, path)

@@ -6,6 +6,7 @@ HYBRID_SHARD is the (replicate, shard) 2-D mesh of the spec; NO_SHARD is `fully_
 all-reduced gradients) while parameters stay DTensors, so full_params, clip_grad_norm_, the grad
 scaler and mixed strategies work as for the sharded cases (`_composable.replicate` is a separate
 DDP-based code path that does not compose with `fully_shard` units or DTensor clipping).
+`ShardSpec.gradient_divide_factor` is `set_gradient_divide_factor` on every `fully_shard`ed module.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "mixed_precision", "per_unit_mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint", "checkpoint_reshard",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile",
+        "gradient_divide_factor",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
@@ -80,6 +82,8 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
             strategy, kwargs = spec.strategy_of(path), dict(offload_policy=offload) if offload else {}
             fully_shard(module, mesh=self._mesh(spec, strategy), mp_policy=policy(path),
                         reshard_after_forward=strategy in ("FULL_SHARD", "HYBRID_SHARD"), **kwargs)
+            if spec.gradient_divide_factor is not None:  # per fully_shard'ed module, as torch documents it
+                module.set_gradient_divide_factor(spec.gradient_divide_factor)
 
         for path, module in spec.unit_modules(model):
             one(module, path)

@@ -84,6 +84,10 @@ mutant-comm-hook-non-atomic           refused root registration leaves earlier u
   (CommHookNonAtomic)
 mutant-hybrid-shard-size-squared      HYBRID_SHARD averages over sws * sws ranks: wrong on non-square meshes              test_explore.py::test_explore
   (HybridShardSizeSquared)            (the fixed matrix has one mesh, (2, 2): it misses it)
+mutant-factor-replicas-averaged       HYBRID_SHARD divide factor over the shard group only, replicas still averaged       test_train_parity_divide.py::test_train_parity_divide_factor_hybrid
+  (FactorReplicasAveraged)            (pytorch#155903's class); exactly the cells [*-2x2-*], [*-4x1-*]
+mutant-factor-after-predivide         divide factor applied after the default pre-divide: sum / (predivide(W) * d)        test_train_parity_divide.py::test_train_parity_divide_factor
+  (FactorAfterPredivide)
 mutant-ckpt-step-reset                optimizer step count not saved (restarts at 0 after a load)                         test_checkpoint.py::test_resume
   (CheckpointStepReset)                                                                                                   test_checkpoint.py::test_resume_loss_scaling
                                                                                                                           test_checkpoint_reshard.py::test_reshard
@@ -253,6 +257,7 @@ from shardcheck.conformance.mutants.scaler import (
     ScalerSparseNoCoalesce,
     ScalerUnscaleSkipsSparse,
 )
+from shardcheck.conformance.mutants.divide import FactorAfterPredivide, FactorReplicasAveraged
 from shardcheck.conformance.mutants.sharding import (
     GradDivideTwice,
     GradNotAveraged,
@@ -294,6 +299,8 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CommHookRootOnlyChecked,
     CommHookNonAtomic,
     HybridShardSizeSquared,
+    FactorReplicasAveraged,
+    FactorAfterPredivide,
     CheckpointStepReset,
     CheckpointScalerNotRestored,
     CheckpointOptimStateNotResharded,

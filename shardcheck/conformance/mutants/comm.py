@@ -35,7 +35,7 @@ class CommHookIgnored(MutantAdapter):
         from shardcheck.reference_impl.sharding import Unit
 
         replace(Unit, "communicate",
-                lambda self, flat: C.average_gradient(flat, self.shard_group, self.replicate_group))
+                lambda self, flat: C.average_gradient(flat, self.shard_group, self.replicate_group, self.divide_factor))
 
 
 class CommHookReregister(MutantAdapter):

@@ -162,11 +162,11 @@ class AllReduceThenSlice(MutantAdapter):
         C = importlib.import_module("shardcheck.reference_impl.collectives")
         original = C.average_gradient
 
-        def all_reduced(flat, shard_group, replicate_group):
+        def all_reduced(flat, shard_group, replicate_group, factor=None):
             sws = C.group_size(shard_group)
             if sws == 1:
-                return original(flat, shard_group, replicate_group)
-            full = flat / (sws * C.group_size(replicate_group))
+                return original(flat, shard_group, replicate_group, factor)
+            full = flat / (factor or sws * C.group_size(replicate_group))
             dist.all_reduce(full, group=shard_group)
             if C.group_size(replicate_group) > 1:
                 dist.all_reduce(full, group=replicate_group)

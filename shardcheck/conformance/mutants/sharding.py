@@ -30,7 +30,7 @@ class GradDivideTwice(MutantAdapter):
 
     def patch(self) -> None:
         C = _collectives()
-        replace(C, "divide_factors", lambda ws: (C.predivide_factor(ws), float(ws)))
+        replace(C, "divide_factors", lambda ws, factor=None: (C.predivide_factor(ws), float(ws)))
 
 
 class GradNotAveraged(MutantAdapter):
@@ -47,7 +47,7 @@ class GradNotAveraged(MutantAdapter):
 
     def patch(self) -> None:
         C = _collectives()
-        replace(C, "divide_factors", lambda ws: (1.0, 1.0))
+        replace(C, "divide_factors", lambda ws, factor=None: (1.0, 1.0))
 
 
 class ReduceInParamDtype(MutantAdapter):
@@ -137,7 +137,8 @@ class HybridNoReplicaReduce(MutantAdapter):
     def patch(self) -> None:
         C = _collectives()
         original = C.average_gradient
-        replace(C, "average_gradient", lambda flat, shard_group, replicate_group: original(flat, shard_group, None))
+        replace(C, "average_gradient",
+                lambda flat, shard_group, replicate_group, factor=None: original(flat, shard_group, None, factor))
 
 
 class HybridShardSizeSquared(MutantAdapter):
@@ -155,9 +156,9 @@ class HybridShardSizeSquared(MutantAdapter):
         C = _collectives()
         original = C.average_gradient
 
-        def average_gradient(flat, shard_group, replicate_group):
-            if replicate_group is None or shard_group is None:  # 1-D strategies: untouched
-                return original(flat, shard_group, replicate_group)
+        def average_gradient(flat, shard_group, replicate_group, factor=None):
+            if replicate_group is None or shard_group is None or factor is not None:  # 1-D strategies: untouched
+                return original(flat, shard_group, replicate_group, factor)
             sws, rws = C.group_size(shard_group), C.group_size(replicate_group)
             return original(flat, shard_group, replicate_group) * (rws / sws)  # as if divided by sws * sws
 

@@ -49,6 +49,9 @@ BEHAVIOUR = {
                        "dimension, the strategy over dp (2-D data x tensor parallel)",
     "compile": "a model whose layers are compiled (torch.compile, backend aot_eager) before sharding trains "
                "as the eager one",
+    "gradient_divide_factor": "ShardSpec.gradient_divide_factor f: the reduced gradient is the sum over every "
+                              "data-parallel rank (replicate and shard dimensions together) divided by f instead "
+                              "of by their number (FSDP2's set_gradient_divide_factor), on 1-D and 2-D meshes",
     "buffers": "module buffers (BatchNorm running statistics, non-persistent buffers) kept as DDP keeps them: "
                "broadcast from rank 0 before forward (DDP's broadcast_buffers)",
     "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume at the same world size) "

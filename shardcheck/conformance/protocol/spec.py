@@ -31,7 +31,11 @@ class ShardSpec:
     `mesh` is 1-D, or 2-D (replicate, shard) for HYBRID_SHARD; the device comes from it.
     `tensor_parallel` (capability `tensor_parallel`): Megatron-style column / row parallel linears
     over the mesh's "tp" dimension, the strategy applied over its "dp" dimension (a 2-D (dp, tp)
-    mesh); the full parameters are still the plain model's."""
+    mesh); the full parameters are still the plain model's.
+    `gradient_divide_factor` f (capability `gradient_divide_factor`; None: the number of
+    data-parallel ranks): the reduced gradient is the sum over every data-parallel rank, replicate
+    and shard dimensions of a 2-D mesh together, divided by f (FSDP2's `set_gradient_divide_factor`:
+    f = 1 reduces the sum)."""
 
     strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | SHARD_OPTIMIZER
     units: tuple = ()
@@ -41,10 +45,13 @@ class ShardSpec:
     offload: bool = False
     mesh: Any = None  # a DeviceMesh
     tensor_parallel: dict[str, str] = field(default_factory=dict)  # {nn.Linear path: "colwise" | "rowwise"}
+    gradient_divide_factor: float | None = None
 
     def __post_init__(self) -> None:
         for strategy in (self.strategy, *self.unit_strategies.values()):
             of_strategy(strategy)  # a typo is an error, not a silently different strategy
+        if self.gradient_divide_factor is not None and not self.gradient_divide_factor > 0:
+            raise ValueError(f"gradient_divide_factor {self.gradient_divide_factor}: a positive number, or None")
         if "SHARD_OPTIMIZER" in self.strategies and self.strategies != {"SHARD_OPTIMIZER"}:
             raise ValueError("SHARD_OPTIMIZER shards the optimizer of the whole model: not mixed with other "
                              f"strategies ({sorted(self.strategies)})")

@@ -5,8 +5,9 @@ the ranks, which is the gradient of the mean of the ranks' losses:
 
     g = (1/W) * sum_r grad(loss_r)
 
-then the recipe's step runs on the full gradients with torch's own utilities (clip_grad_norm_,
-GradScaler, the optimizer). With k micro-batches per step (`recipe.accumulation_steps`) each
+(with a user-set `ShardSpec.gradient_divide_factor` d, ``g = (1/d) * sum_r grad(loss_r)``: the sum
+over every rank divided by d once, whatever the candidate's mesh), then the recipe's step runs on
+the full gradients with torch's own utilities (clip_grad_norm_, GradScaler, the optimizer). With k micro-batches per step (`recipe.accumulation_steps`) each
 micro-batch's loss is divided by k and its averaged gradient added to the step's:
 
     g = sum_j (1/W) * sum_r grad(loss_rj / k)
@@ -71,16 +72,18 @@ def predivide_factor(world_size: int) -> int:
     return factor
 
 
-def average_gradients_(grads, group=None, *, predivide: bool = False) -> None:
+def average_gradients_(grads, group=None, *, predivide: bool = False, factor: float | None = None) -> None:
     """The data-parallel gradient average, in place: ``g <- (1/W) * sum_r g_r`` over the ``W`` ranks
     of ``group``, in each gradient's own dtype (``None`` entries are skipped).
 
+    ``factor`` d (a user-set gradient divide factor, ShardSpec.gradient_divide_factor): ``g <- (1/d) *
+    sum_r g_r`` instead, the sum over every rank of ``group`` divided by d once.
     ``predivide``: as torch's FSDP does it, ``(sum_r g_r / f) / (W / f)`` with
     ``f = predivide_factor(W)``, so that a float16 sum overflows exactly when FSDP's does.
     """
     grads = [g for g in grads if g is not None]
-    size = dist.get_world_size(group)
-    pre = predivide_factor(size) if predivide else 1
+    size = dist.get_world_size(group) if factor is None else factor
+    pre = predivide_factor(size) if predivide and factor is None else 1
     if pre > 1:
         for g in grads:
             g.div_(pre)
@@ -147,6 +150,7 @@ class DataParallelReference:
 
     def __init__(self, model: nn.Module, spec: ShardSpec, recipe: Recipe, group=None) -> None:
         self.master, self.recipe, self.group = model, recipe, group
+        self.divide_factor = spec.gradient_divide_factor
         policies = spec.policies(model.named_modules())
         self.compute = as_computed(model, spec, policies)
         owner = {}  # parameter -> the policy of the first module holding it
@@ -187,7 +191,7 @@ class DataParallelReference:
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         grads = [None if low.grad is None else low.grad.to(r or low.grad.dtype)
                  for low, r in zip(self.compute.parameters(), self.reduce_dtypes)]
-        average_gradients_(grads, self.group)
+        average_gradients_(grads, self.group, factor=self.divide_factor)
         summed = getattr(self, "summed", None) or [None] * len(grads)
         self.summed = [s if g is None else g.to(d or p.dtype) if s is None else s + g.to(d or p.dtype)
                        for s, g, p, d in zip(summed, grads, self.master.parameters(), self.grad_dtypes)]

@@ -2,12 +2,12 @@
 asks for the same training.
 
 The yardstick's run depends on the initial model, the per-rank batches, the recipe, the mixed
-precision, the device, the backend and the rank's place in its group; it does not depend on how a
-candidate shards (strategy, units, mesh), nor on which candidate runs. So the FULL_SHARD,
+precision, the gradient divide factor, the device, the backend and the rank's place in its group;
+it does not depend on how a candidate shards (strategy, units, mesh), nor on which candidate runs. So the FULL_SHARD,
 SHARD_GRAD_OP, NO_SHARD and HYBRID_SHARD cells of one workload, and the same cell of every
 implementation of one `shardcheck run`, compare with one recorded run:
 
-    key(cell) = (build, recipe, mixed precision, device, backend, rank, group ranks,
+    key(cell) = (build, recipe, mixed precision, gradient divide factor, device, backend, rank, group ranks,
                  digest of the model's type, repr, initial parameters and buffers and the
                  batches, for every rank of the group)
 
@@ -50,7 +50,7 @@ def key(ctx, build, model: torch.nn.Module, spec, recipe, batches: list) -> tupl
     # `build` and the recipe's loss function compare by identity: a closure made per cell never
     # matches another cell's, and an object cannot be freed (and its id reused) while a key holds it.
     policies = tuple(spec.policies(model.named_modules()).items())  # each module's mixed precision
-    return (build, recipe, policies, *_place(ctx), every_rank)
+    return (build, recipe, policies, spec.gradient_divide_factor, *_place(ctx), every_rank)
 
 
 def _place(ctx) -> tuple:
