@@ -29,7 +29,7 @@ _RUN_LOCK = threading.Lock()  # one threaded world at a time per process
 
 
 def _threaded_pg():
-    from torch.testing._internal.distributed import multi_threaded_pg  # noqa: the isolated import
+    from torch.testing._internal.distributed import multi_threaded_pg  # the one import of torch.testing._internal
 
     return multi_threaded_pg
 

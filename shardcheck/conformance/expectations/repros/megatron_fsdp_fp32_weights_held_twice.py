@@ -26,7 +26,7 @@ def body(rank, world_size):
             buffer = getattr(group, kind)
             if buffer is not None and buffer.data is not None:
                 held[kind] = held.get(kind, 0) + buffer.data.numel() * buffer.data.element_size()
-    return f"float32 model; per rank: " + ", ".join(f"{k} {v}" for k, v in sorted(held.items()))
+    return "float32 model; per rank: " + ", ".join(f"{k} {v}" for k, v in sorted(held.items()))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ reduce-scatters first and all-reduces only the 1/n shard: SimpleFSDP sends n tim
 traffic (2x on a 2x2 mesh). Shown on DTensor alone, as SimpleFSDP calls it."""
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
