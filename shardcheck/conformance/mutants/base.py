@@ -39,6 +39,34 @@ def replace(owner: Any, attr: str, value: Any) -> Any:
     return original
 
 
+def before_shard(prepare: Any) -> None:
+    """Patch ``reference_impl.shard`` so that ``prepare(module)`` runs on each module just before it
+    is sharded (the unit's sub-units already are): what a wrapper does to a model as it takes it."""
+    import shardcheck.reference_impl as ri
+
+    original = ri.shard
+
+    def shard(module, **kwargs):
+        prepare(module)
+        return original(module, **kwargs)
+
+    replace(ri, "shard", shard)
+
+
+def untie_shared(module: Any, fresh: Any) -> None:
+    """Every module holding a Parameter that a module before it (in ``module.modules()`` order) holds
+    too gets ``fresh(p)`` instead, a Parameter of its own, where ``fresh`` returns one (None: stays tied)."""
+    seen = set()
+    for m in module.modules():
+        for name, p in list(m._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in seen:
+                seen.add(id(p))
+            elif (own := fresh(p)) is not None:
+                m._parameters[name] = own
+
+
 def accepting_non_root(original: Any) -> Any:
     """``original(module, ...)``, a root-only entry point of reference_impl, with its root check
     missing: a non-root unit is treated as a root for the call, so the call covers only its subtree."""

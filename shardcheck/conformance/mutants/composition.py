@@ -11,7 +11,7 @@ import importlib
 
 import torch
 
-from shardcheck.conformance.mutants.base import MutantAdapter, replace
+from shardcheck.conformance.mutants.base import MutantAdapter, before_shard, replace, untie_shared
 
 AC = "test_composition.py::test_activation_checkpointing"
 META = "test_composition.py::test_meta_init"
@@ -66,21 +66,8 @@ class MetaInitUnties(MutantAdapter):
     world_sizes = (2, 4)
 
     def patch(self) -> None:
-        import shardcheck.reference_impl as ri
-
-        original = ri.shard
-
-        def untying_shard(module, **kwargs):
-            seen = set()
-            for m in module.modules():
-                for name, p in list(m._parameters.items()):
-                    if p is not None and p.is_meta and id(p) in seen:
-                        m._parameters[name] = torch.nn.Parameter(torch.empty_like(p), p.requires_grad)
-                    elif p is not None:
-                        seen.add(id(p))
-            return original(module, **kwargs)
-
-        replace(ri, "shard", untying_shard)
+        before_shard(lambda module: untie_shared(
+            module, lambda p: torch.nn.Parameter(torch.empty_like(p), p.requires_grad) if p.is_meta else None))
 
 
 class BufferLeftUninitialized(MutantAdapter):
@@ -132,16 +119,11 @@ class CompileDropped(MutantAdapter):
     cells = ("test_compile[*]",)
 
     def patch(self) -> None:
-        import shardcheck.reference_impl as ri
-
-        original = ri.shard
-
-        def eager_shard(module, **kwargs):
+        def eager(module):
             for m in module.modules():
                 m._compiled_call_impl = None
-            return original(module, **kwargs)
 
-        replace(ri, "shard", eager_shard)
+        before_shard(eager)
 
 
 class TPNormPerRank(MutantAdapter):

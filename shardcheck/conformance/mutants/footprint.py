@@ -9,7 +9,7 @@ import importlib
 import torch
 import torch.distributed as dist
 
-from shardcheck.conformance.mutants.base import MutantAdapter, replace
+from shardcheck.conformance.mutants.base import MutantAdapter, before_shard, replace
 from shardcheck.conformance.protocol.torch_style import TorchStyleTrainer
 
 SHARDING_CHECKS = ("test_sharding.py::test_sharding", "test_sharding.py::test_sharding_hybrid")
@@ -188,14 +188,10 @@ class ExtraParameterCopy(MutantAdapter):
     rows = ("held between steps",)
 
     def patch(self) -> None:
-        ri = importlib.import_module("shardcheck.reference_impl")
-        original = ri.shard
-
-        def copying(module, **kwargs):
+        def copying(module):
             module._mutant_full_copy = [p.detach().clone() for p in module.parameters()]
-            return original(module, **kwargs)
 
-        replace(ri, "shard", copying)
+        before_shard(copying)
 
 
 class TwoUnitsKeptAfterForward(MutantAdapter):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from shardcheck.conformance.mutants.base import MutantAdapter, replace
+from shardcheck.conformance.mutants.base import MutantAdapter, before_shard, untie_shared
 
 MODELS = "test_models.py::test_model_parity"
 
@@ -56,21 +56,7 @@ class WrappingUnties(MutantAdapter):
     cells = ("test_model_parity[*]",)
 
     def patch(self) -> None:
-        import shardcheck.reference_impl as ri
-
-        original = ri.shard
-
-        def untying_shard(module, **kwargs):
-            seen = set()
-            for m in module.modules():
-                for name, p in list(m._parameters.items()):
-                    if p is not None and id(p) in seen:
-                        m._parameters[name] = nn.Parameter(p.detach().clone(), p.requires_grad)
-                    elif p is not None:
-                        seen.add(id(p))
-            return original(module, **kwargs)
-
-        replace(ri, "shard", untying_shard)
+        before_shard(lambda module: untie_shared(module, lambda p: nn.Parameter(p.detach().clone(), p.requires_grad)))
 
 
 class LowLoadUpcast(MutantAdapter):
@@ -85,15 +71,10 @@ class LowLoadUpcast(MutantAdapter):
     needs_zoo = True  # the check loads transformers' Llama: its runs need the extra shardcheck[models]
 
     def patch(self) -> None:
-        import shardcheck.reference_impl as ri
-
-        original = ri.shard
-
-        def upcasting_shard(module, **kwargs):
+        def upcast(module):
             with torch.no_grad():
                 for p in module.parameters():
                     if p.is_floating_point() and p.dtype != torch.float32 and not p.is_meta:
                         p.data = p.data.float()
-            return original(module, **kwargs)
 
-        replace(ri, "shard", upcasting_shard)
+        before_shard(upcast)
