@@ -11,6 +11,7 @@ state what accelerate/state.py gives it on a GPU machine."""
 
 import os
 import shutil
+import tempfile
 
 import torch
 import torch.nn as nn
@@ -40,7 +41,7 @@ def _trainer(rank, world_size, seed):
 def body(rank, world_size):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
-    path = f"/tmp/shardcheck-f59-{os.getppid()}"
+    path = f"{tempfile.gettempdir()}/shardcheck-f59-{os.getppid()}"
     accelerator, model, optimizer = _trainer(rank, world_size, seed=0)
     for _ in range(2):
         accelerator.backward(F.mse_loss(model(torch.randn(2, 4)), torch.ones(2, 1)))

@@ -6,6 +6,7 @@ not check its zip records' CRC-32 either."""
 
 import os
 import shutil
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -15,7 +16,7 @@ from _launch import run, verdict
 
 
 def body(rank, world_size):
-    path = f"/tmp/shardcheck-f60-{os.getppid()}"
+    path = f"{tempfile.gettempdir()}/shardcheck-f60-{os.getppid()}"
     torch.manual_seed(0)
     saved = {"weight": torch.randn(4096)}  # replicated: DCP writes it once, in rank 0's file
     dcp.save({"model": {"weight": saved["weight"]}}, checkpoint_id=path)

@@ -6,6 +6,7 @@ release (REPRODUCED where the release behaves as recorded): unnamed before 2.12,
 
 import os
 import shutil
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,7 @@ def _load_error(path):
 def body(rank, world_size):
     out = []
     for damage in ("missing_index", "truncated_index"):
-        path = f"/tmp/shardcheck-f66-{os.getppid()}-{damage}"
+        path = f"{tempfile.gettempdir()}/shardcheck-f66-{os.getppid()}-{damage}"
         dcp.save({"model": {"weight": torch.ones(64)}}, checkpoint_id=path)
         dist.barrier()
         if rank == 0:
