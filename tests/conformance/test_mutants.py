@@ -30,22 +30,17 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import warm_python
 from mutant_backends import BACKEND, CHECKS, backend_of
+from mutant_runs import ROOT, Run, Runs, jobs
 from shardcheck.conformance.checks.support import zoo
 from shardcheck.conformance.mutants import MUTANTS
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN_SURVIVORS = os.environ.get("SHARDCHECK_MUTANT_SURVIVORS", "") == "1"
-RUN_TIMEOUT_S = 600
 # Only the plugins the checks need: skips ~1 s of plugin imports (hypothesis, xdist, ...) per run.
 PLUGINS = ["-p", "shardcheck.pytest_plugin", "-p", "pytest_timeout"]
 PER_CHECK = ["-p", "shardcheck.conformance.mutants.per_check"]  # a killed check function's other cells are skipped
@@ -97,36 +92,6 @@ def _command(impl: str, selection, stop_at_first_failure: bool, world_sizes=(2,)
     return cmd + (["-x"] if stop_at_first_failure else [])
 
 
-@dataclass
-class Run:
-    cmd: list[str]
-    returncode: int
-    output: str
-    seconds: float
-
-    def lines(self, prefix: str) -> list[str]:
-        return [line for line in self.output.splitlines() if line.startswith(prefix)]
-
-    @property
-    def summary(self) -> str:
-        tail = [line for line in self.output.splitlines() if line.startswith("=")]
-        return tail[-1].strip("= ") if tail else "(no pytest summary)"
-
-    def describe(self) -> str:
-        return f"$ {' '.join(self.cmd)}\n(rc {self.returncode}, {self.seconds:.1f} s)\n{self.output[-6000:]}"
-
-
-def _run(cmd: list[str]) -> Run:
-    """`cmd` (``[sys.executable, "-m", "pytest", ...]``) in a process that starts with torch imported
-    (tests/warm_python.py: its own process, without 4 s of imports per run)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SHARDCHECK_IMPL", "PYTEST_ADDOPTS")}
-    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env["COLUMNS"] = "1000"  # the short summary keeps each failure's first message line
-    start = time.monotonic()
-    done = warm_python.run(cmd[1:], cwd=ROOT, env=env, timeout=RUN_TIMEOUT_S)
-    return Run(cmd, done.returncode, done.stdout + done.stderr, time.monotonic() - start)
-
-
 def _mutant_command(mutant) -> list[str]:
     # Without -x: EVERY listed check function must show a FAILED cell; per_check skips a function's
     # remaining cells once one failed, so each kill costs about one cell. A mutant naming `cells`
@@ -141,7 +106,7 @@ def _matches(cell: str, pattern: str) -> bool:
     return re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), cell) is not None
 
 
-def _cell_outcomes(mutant, run: "Run") -> dict[str, str]:
+def _cell_outcomes(mutant, run: Run) -> dict[str, str]:
     """{"test_fn[params]" without the implementation: "PASSED" | "FAILED"} from a -rA summary."""
     out = {}
     for word in ("PASSED", "FAILED"):
@@ -151,7 +116,7 @@ def _cell_outcomes(mutant, run: "Run") -> dict[str, str]:
     return out
 
 
-def _killing_cells(mutant, run: "Run") -> list[str]:
+def _killing_cells(mutant, run: Run) -> list[str]:
     """The node ids of the cells that killed `mutant`, as the reference's cells."""
     out = []
     for line in run.lines("FAILED"):
@@ -173,25 +138,6 @@ def _is_survivor(mutant) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Running ahead: all selected runs start at the first item, at most JOBS at a time.
 
-class _Runs:
-    def __init__(self, jobs: int) -> None:
-        self.pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="mutant-run")
-        self.futures: dict[str, Future] = {}
-        self.lock = threading.Lock()
-
-    def get(self, key: str, cmd: list[str]) -> Future:
-        with self.lock:
-            if key not in self.futures:
-                self.futures[key] = self.pool.submit(_run, cmd)
-            return self.futures[key]
-
-
-def _jobs() -> int:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return 1
-    return int(os.environ.get("SHARDCHECK_MUTANT_JOBS", "2"))
-
-
 def _planned(item) -> tuple[str, list[str]] | None:
     """(key, command) of the run an item of this file needs, or None."""
     if getattr(item, "module", None) is None or item.module.__name__ != __name__:
@@ -211,9 +157,9 @@ def _lacks_the_zoo(mutant) -> bool:
 
 @pytest.fixture(scope="session")
 def mutant_runs(request):
-    runs = _Runs(_jobs())
+    runs = Runs(jobs())
     plans = [p for item in request.session.items if (p := _planned(item))]
-    if _jobs() > 1:
+    if jobs() > 1:
         for key, cmd in plans:
             runs.get(key, cmd)
     yield runs
