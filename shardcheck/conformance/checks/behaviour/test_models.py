@@ -74,7 +74,7 @@ def test_bf16_loaded_model(ctx, impl, strategy):
     spec = ShardSpec(strategy=strategy, units=workload.units, mesh=ctx.mesh(),
                      mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     with ctx.seeded(0):
-        model = arch.loaded_in(torch.bfloat16, promise.low_precision_load)().to(ctx.device)
+        model = arch.loaded_in(torch.bfloat16).to(ctx.device)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}, "from_pretrained(dtype=bfloat16) loaded another dtype"
     trainer = impl.trainer(model, spec, Recipe(loss_fn=workload.loss_fn, optimizer=OPTIMIZER, clip=CLIP))
     try:

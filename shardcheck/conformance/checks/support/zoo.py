@@ -18,11 +18,9 @@ The extra `shardcheck[models]` installs transformers; without it these cells ski
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -64,12 +62,22 @@ class Arch:
 
         return getattr(transformers, self.model_class)(self.config_object())
 
-    def loaded_in(self, dtype: torch.dtype, master: str) -> Callable[[], nn.Module]:
-        """A build function: the model built in float32, saved with `save_pretrained` and loaded back
-        as fine-tuning recipes load it, `from_pretrained(..., dtype=dtype)`. One function per
-        architecture, dtype and `master` (the master weights the yardstick keeps), so that cells share
-        the reference's run only where it is the same (shared_reference.key compares builds)."""
-        return _LOADERS.setdefault((self.name, dtype, master), functools.partial(_saved_and_loaded, self, dtype))
+    def loaded_in(self, dtype: torch.dtype) -> nn.Module:
+        """The model built in float32, saved as `save_pretrained` writes it and loaded back as
+        fine-tuning recipes load it, `from_pretrained(..., dtype=dtype)`."""
+        import transformers
+        from safetensors.torch import save_model
+
+        with tempfile.TemporaryDirectory(prefix="shardcheck-zoo-") as folder:
+            built = self.build()
+            # save_pretrained's files, written on every rank: save_pretrained itself writes on rank 0
+            # alone once torch.distributed is initialised, and each rank loads from its own folder here
+            built.config.save_pretrained(folder)
+            save_model(built, f"{folder}/model.safetensors", metadata={"format": "pt"})
+            transformers.utils.logging.disable_progress_bar()  # a bar's monitor thread would outlive the cell
+            model = getattr(transformers, self.model_class).from_pretrained(folder, dtype=dtype)
+        model.config._attn_implementation = "eager"
+        return model
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -77,26 +85,6 @@ class Arch:
 
     def workload(self) -> Workload:
         return Workload(self.build, causal_lm_loss, token_batches, self.units)
-
-
-_LOADERS: dict = {}
-
-
-def _saved_and_loaded(arch: Arch, dtype: torch.dtype) -> nn.Module:
-    import transformers
-
-    from safetensors.torch import save_model
-
-    with tempfile.TemporaryDirectory(prefix="shardcheck-zoo-") as folder:
-        built = arch.build()
-        # save_pretrained's files, written on every rank: save_pretrained itself writes on rank 0 alone
-        # once torch.distributed is initialised, and each rank loads from its own folder here
-        built.config.save_pretrained(folder)
-        save_model(built, f"{folder}/model.safetensors", metadata={"format": "pt"})
-        transformers.utils.logging.disable_progress_bar()  # a bar's monitor thread would outlive the cell
-        model = getattr(transformers, arch.model_class).from_pretrained(folder, dtype=dtype)
-    model.config._attn_implementation = "eager"
-    return model
 
 
 def causal_lm_loss(model, batch) -> torch.Tensor:
