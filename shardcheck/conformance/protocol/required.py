@@ -24,26 +24,24 @@ CHECKPOINT_TRAINER = ("save", "load", "full_state_dict", "full_optimizer_state")
 TRAINER = ("forward_backward", "full_grads", "step", "full_params")
 
 
-def _torch_style_needs(capabilities) -> list[str]:
-    needed = ["shard", "full_params", "full_grads"]
-    if any(c.startswith("clip_norm_") for c in capabilities):
-        needed.append("clip_grad_norm_")
-    if "loss_scaling" in capabilities:
-        needed.append("grad_scaler")
-    if "checkpoint" in capabilities:
-        needed += CHECKPOINT_API
-    return needed
+def _named(capability: str):
+    return lambda declared: capability in declared
 
 
-def _trainer_needs(capabilities) -> list[str]:
-    needed = list(TRAINER)
-    if "eval_forward" in capabilities:
-        needed.append("evaluate")
-    if "requires_grad_changes" in capabilities:
-        needed.append("set_requires_grad")
-    if "checkpoint" in capabilities:
-        needed += CHECKPOINT_TRAINER
-    return needed
+# What each kind of adapter needs: always, then per declared capability (a test of the declared set).
+TORCH_STYLE_NEEDS = (("shard", "full_params", "full_grads"), (
+    (lambda declared: any(c.startswith("clip_norm_") for c in declared), ("clip_grad_norm_",)),
+    (_named("loss_scaling"), ("grad_scaler",)),
+    (_named("checkpoint"), CHECKPOINT_API)))
+TRAINER_NEEDS = (TRAINER, (
+    (_named("eval_forward"), ("evaluate",)),
+    (_named("requires_grad_changes"), ("set_requires_grad",)),
+    (_named("checkpoint"), CHECKPOINT_TRAINER)))
+
+
+def _needs(needs, capabilities) -> list[str]:
+    always, per_capability = needs
+    return [*always, *(m for declared, methods in per_capability if declared(capabilities) for m in methods)]
 
 
 def trainer_class(adapter) -> type | None:
@@ -60,11 +58,11 @@ def missing(adapter) -> list[str]:
     """What `adapter` lacks for what it declares, as "where.method" ([] when complete)."""
     caps = set(adapter.capabilities)
     if isinstance(adapter, TorchStyleAdapter):
-        gaps = [f"{type(adapter).__name__}.{m}" for m in _torch_style_needs(caps) if not callable(getattr(adapter, m, None))]
+        gaps = [f"{type(adapter).__name__}.{m}" for m in _needs(TORCH_STYLE_NEEDS, caps) if not callable(getattr(adapter, m, None))]
         if "no_sync" in caps and type(adapter).no_sync is TorchStyleAdapter.no_sync:
             gaps.append(f"{type(adapter).__name__}.no_sync (declared, not overridden)")
         return gaps
     cls = trainer_class(adapter)
     if cls is None:
         return []
-    return [f"{cls.__name__}.{m}" for m in _trainer_needs(caps) if not callable(getattr(cls, m, None))]
+    return [f"{cls.__name__}.{m}" for m in _needs(TRAINER_NEEDS, caps) if not callable(getattr(cls, m, None))]
