@@ -31,11 +31,13 @@ def test_ci_builds_fresh_ignored_virtualenvs_and_installs_torch_first():
     assert "python -m venv" in ci and "--system-site-packages" not in ci
     assert ".venv-ci/" in (ROOT / ".gitignore").read_text().splitlines()
     lines = ci.splitlines()
-    readme_venv = max(i for i, line in enumerate(lines) if "fresh_venv readme" in line)
-    torch_first = lines.index("pip install torch==2.13.0", readme_venv)
-    assert readme_venv < torch_first < lines.index("pip install -e '.[test]'", readme_venv)
+    install_readme = next(i for i, line in enumerate(lines) if line.startswith("install_readme() {"))
+    torch_first = lines.index("  pip install torch==2.13.0", install_readme)
+    assert install_readme < torch_first < lines.index("  pip install -e '.[test]'", install_readme)
+    assert lines.index("}", install_readme) == torch_first + 2  # nothing else installed
+    readme_step = lines.index("ready_venv readme")
     lowest = next(i for i, line in enumerate(lines) if "-c .ci/lowest-constraints.txt" in line)
-    assert lowest < readme_venv  # the lowest-versions step comes before the README's test command
+    assert lowest < readme_step  # the lowest-versions step comes before the README's test command
 
 
 def _lower_bounds_in_pyproject() -> dict[str, str]:
