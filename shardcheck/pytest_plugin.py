@@ -28,9 +28,9 @@ import pytest
 from shardcheck.builtin_adapters import BUILTIN  # data alone: the names --shardcheck-impl's help lists
 
 OPTION_PREFIX = "--shardcheck-"  # every option of shardcheck: no clash with a project's own
-# A test body's deadline when nothing else gives one: a hang costs this much. The reference's
-# slowest cells take 5.5 s (11 s: explore, several configurations in one cell), an engine's up to
-# 21 s (DeepSpeed's explore) on 2 cores: some 5x the reference's slowest, 3x any engine's.
+# A test body's deadline when nothing else gives one: a hang costs this much. Several times the
+# slowest cell of the reference and of any engine (explore, several configurations in one cell;
+# the figures: docs/speed.md).
 RANK_TIMEOUT_S = 60.0
 PLUGINS = {"shardcheck-harness": "shardcheck.harness.plugin",
            "shardcheck-conformance": "shardcheck.conformance.pytest_plugin.selection",
@@ -42,7 +42,7 @@ _parser = []  # kept for `-n gpus` when pytest-xdist registers after this plugin
 
 def _rewrite_the_checks_only() -> None:
     """pytest rewrites the asserts of every module of a plugin's distribution: all of shardcheck,
-    some 270 modules, 2-3 s of CPU in each session where bytecode is not cached (the README's test
+    some 270 modules, seconds of CPU in each session where bytecode is not cached (the README's test
     command starts dozens). Only the checks' asserts need it (their files are test modules, and
     their helpers live beside them); the harness, the reference and the tools raise their own
     messages. Narrowed here, on import, before any of them is imported."""

@@ -85,8 +85,8 @@ def _preload(config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
     """What is loaded by now (torch, the plugins, the collected tests) stays for the session's life:
-    frozen, the full collections that follow (pytest's own two as the session ends, 0.1 s each with
-    torch in view) stop walking it. Ranks do the same with what they inherit (worker.py)."""
+    frozen, the full collections that follow (pytest's own two as the session ends, each walking
+    everything torch made) stop walking it. Ranks do the same with what they inherit (worker.py)."""
     collector.freeze_the_long_lived()
 
 

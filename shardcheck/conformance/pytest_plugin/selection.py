@@ -33,7 +33,7 @@ from shardcheck.session_state import Selection, of
 # conformance check) or --shardcheck-impl is given, not in every session of the environment.
 # Modules the ranks import on first use, to import once in the parent before ranks fork
 # (shardcheck.harness.preload): the first construction of a torch optimizer (Optimizer.build) imports
-# torch._dynamo, about 1 s of CPU in every rank of every pool.
+# torch._dynamo, a costly import in every rank of every pool (docs/speed.md).
 RANK_PRELOAD = ("torch._dynamo",)
 
 
