@@ -1,7 +1,8 @@
 """shardcheck's one pytest entry point (`pytest11: shardcheck`; `-p no:shardcheck` turns all of it off).
 
 Every `--shardcheck-*` option is declared here, and nothing else is imported until a session uses
-shardcheck: a session that does not pays for this module alone. A session uses it when
+shardcheck (but the built-in adapters' names, data alone, that `--shardcheck-impl`'s help lists): a
+session that does not pays for this module alone. A session uses it when
 
 - one of its options is on the command line (or in PYTEST_ADDOPTS), or a launcher (torchrun, or
   srun with SHARDCHECK_LAUNCHER=srun) started this process;
@@ -12,7 +13,8 @@ shardcheck: a session that does not pays for this module alone. A session uses i
 Then three plugins are registered, one concern each: the harness (`shardcheck.harness.plugin`:
 `@distributed` tests on N ranks), which implementations are checked
 (`shardcheck.conformance.pytest_plugin.selection`) and the JSON report
-(`shardcheck.conformance.report.writer`).
+(`shardcheck.conformance.report.writer`). What they share lives in one `SessionState` in the
+config's stash (shardcheck/session_state.py), never in attributes of the config.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from shardcheck.builtin_adapters import BUILTIN  # data alone: the names --shardcheck-impl's help lists
+
 OPTION_PREFIX = "--shardcheck-"  # every option of shardcheck: no clash with a project's own
-# A test body's deadline when nothing else gives one: a hang costs this much. The reference's
-# slowest cells take 5.5 s (11 s: explore, several configurations in one cell), an engine's up to
-# 21 s (DeepSpeed's explore) on 2 cores: some 5x the reference's slowest, 3x any engine's.
+# A test body's deadline when nothing else gives one: a hang costs this much. Several times the
+# slowest cell of the reference and of any engine (explore, several configurations in one cell;
+# the figures: docs/speed.md).
 RANK_TIMEOUT_S = 60.0
 PLUGINS = {"shardcheck-harness": "shardcheck.harness.plugin",
            "shardcheck-conformance": "shardcheck.conformance.pytest_plugin.selection",
@@ -38,7 +42,7 @@ _parser = []  # kept for `-n gpus` when pytest-xdist registers after this plugin
 
 def _rewrite_the_checks_only() -> None:
     """pytest rewrites the asserts of every module of a plugin's distribution: all of shardcheck,
-    some 270 modules, 2-3 s of CPU in each session where bytecode is not cached (the README's test
+    some 270 modules, seconds of CPU in each session where bytecode is not cached (the README's test
     command starts dozens). Only the checks' asserts need it (their files are test modules, and
     their helpers live beside them); the harness, the reference and the tools raise their own
     messages. Narrowed here, on import, before any of them is imported."""
@@ -77,8 +81,7 @@ def pytest_addoption(parser, pluginmanager):
                        "importing them again)")
     group = parser.getgroup("shardcheck-conformance", "shardcheck conformance: implementations")
     group.addoption("--shardcheck-impl", dest="shardcheck_impl", action="append", default=None,
-                    help="implementation(s) to check: a built-in name (reference, torch-fsdp2, "
-                         "torch-fsdp1, ddp, deepspeed, torchtitan-simplefsdp, megatron-fsdp), "
+                    help=f"implementation(s) to check: a built-in name ({', '.join(BUILTIN)}), "
                          "NAME[variant], 'all' (every built-in one and variant whose dependencies "
                          "are installed), an entry point of group 'shardcheck.adapters', or "
                          "pkg.module:attr. Repeatable. Default: $SHARDCHECK_IMPL or reference.")
@@ -124,9 +127,9 @@ def pytest_configure(config):
         "markers", "distributed(world_size=2, backend=None, timeout=None): run the test body on "
                    "world_size ranks (an int or a list: one item per size); the body takes `ctx`.")
     config.addinivalue_line("markers", "requires(*capabilities): capabilities the cell needs")
-    config._shardcheck_asked = asked_for(config)  # the harness's header line says so
-    if config._shardcheck_asked or _collects_the_package(config):
-        use(config)
+    asked = asked_for(config)
+    if asked or _collects_the_package(config):
+        use(config, asked=asked)
 
 
 def asked_for(config) -> bool:
@@ -152,8 +155,13 @@ def _collects_the_package(config) -> bool:
     return False
 
 
-def use(config) -> None:
-    """Register the three plugins (idempotent); their pytest_configure runs now."""
+def use(config, asked: bool = False) -> None:
+    """Register the three plugins (idempotent); their pytest_configure runs now. `asked`: the session
+    asked for shardcheck (asked_for), which the harness's header line says; kept in the session's
+    state (shardcheck/session_state.py) that the plugins share."""
+    from shardcheck import session_state
+
+    session_state.of(config).asked |= asked
     for name, module in PLUGINS.items():
         if not config.pluginmanager.has_plugin(name):
             __import__(module)

@@ -24,9 +24,10 @@ def pytest_sessionfinish(session):
         json.dump(sorted(m for m in sys.modules
                          if m.split(".")[0] in ("torch", "shardcheck", "hypothesis", "jsonschema", "rich")), f)
 '''
-# What the entry point may import in a session that does not use shardcheck: itself, and where
-# pytest-xdist is installed, the small module that teaches `-n` the word `gpus` (with what it names).
-ENTRY = {"shardcheck", "shardcheck.pytest_plugin"}
+# What the entry point may import in a session that does not use shardcheck: itself, the built-in
+# adapters' names its help lists (data alone), and where pytest-xdist is installed, the small module
+# that teaches `-n` the word `gpus` (with what it names).
+ENTRY = {"shardcheck", "shardcheck.pytest_plugin", "shardcheck.builtin_adapters"}
 GPUS_WORD = {"shardcheck.harness", "shardcheck.harness.xdist_support", "shardcheck.harness.devices",
              "shardcheck.harness.vocabulary"}
 

@@ -144,3 +144,118 @@ def test_pytest_as_a_console_script_finds_the_packages_not_the_test_folders():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert re.search(r"\b3/\d+ tests collected", proc.stdout), proc.stdout[-2000:]  # the three cells
+
+
+def _plugin_state_on_configs(path: Path) -> list[str]:
+    """Where a module keeps state on a pytest config: `config._shardcheck_*` read or written anywhere
+    (`x.config._shardcheck_*` too); in a pytest plugin (a module defining `pytest_*` hooks) any private
+    attribute set on a config (`config._x = ...`, `setattr(config, "_x", ...)`), or read through
+    getattr / hasattr with a private name."""
+    tree = ast.parse(path.read_text())
+    plugin = any(isinstance(n, ast.FunctionDef) and n.name.startswith("pytest_") for n in ast.walk(tree))
+
+    def is_config(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "config") or \
+            (isinstance(node, ast.Attribute) and node.attr == "config")
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_config(node.value) and node.attr.startswith("_") \
+                and not node.attr.startswith("__"):
+            if node.attr.startswith("_shardcheck") or (plugin and isinstance(node.ctx, ast.Store)):
+                found.append(f"{node.lineno}: config.{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2
+              and is_config(node.args[0]) and isinstance(node.args[1], ast.Constant)
+              and str(node.args[1].value).startswith("_") and plugin):
+            found.append(f"{node.lineno}: {node.func.id}(config, {node.args[1].value!r})")
+    return found
+
+
+def test_plugins_share_their_state_in_the_stash_not_on_the_config():
+    """One SessionState under a StashKey (shardcheck/session_state.py) holds what the plugins share:
+    no module keeps private attributes on a pytest config."""
+    kept = {p.relative_to(ROOT).as_posix(): found
+            for p in (ROOT / "shardcheck").rglob("*.py")
+            if (found := _plugin_state_on_configs(p))}
+    assert not kept
+
+
+def test_the_rule_on_config_state_sees_each_way_of_keeping_it(tmp_path):
+    """The check above is not blind: each shape it forbids, written into a module, is found."""
+    shapes = {"config._shardcheck_x = 1": True, "y = item.config._shardcheck_x": True,
+              "config._mine = 1": True, "setattr(config, '_mine', 1)": True,
+              "hasattr(session.config, '_mine')": True,
+              "config.stash[KEY] = 1": False, "y = config._parser": False}
+    for line, forbidden in shapes.items():
+        module = tmp_path / "plugin_like.py"
+        module.write_text(f"def pytest_configure(config):\n    {line}\n")
+        assert bool(_plugin_state_on_configs(module)) is forbidden, line
+
+
+REPORT = ROOT / "shardcheck" / "conformance" / "report"
+PLUGIN_LAYER = ("shardcheck.conformance.pytest_plugin", "shardcheck.harness.plugin", "shardcheck.pytest_plugin")
+
+
+def _imports_of(path: Path) -> set[str]:
+    """Every module a file imports (at its top or inside a function), `from a import b` as `a.b` too."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_the_report_layer_imports_no_plugin_or_selection_module():
+    """The report writer is handed what the plugins decided (shardcheck/session_state.py): nothing
+    under shardcheck/conformance/report/ reaches up into the pytest plugins (selection, harness, entry point)."""
+    up = {p.relative_to(ROOT).as_posix(): sorted(m for m in _imports_of(p)
+                                                 if any(m == u or m.startswith(u + ".") for u in PLUGIN_LAYER))
+          for p in REPORT.rglob("*.py")}
+    assert not {path: modules for path, modules in up.items() if modules}
+    assert "shardcheck.session_state.of" in _imports_of(REPORT / "writer.py")  # where it reads them instead
+
+
+def test_every_torch_lower_bound_the_repository_states_is_pyprojects():
+    """tox.ini, the docs and the package's texts say the one `torch>=` pyproject.toml declares."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = next(re.match(r"torch>=([^,;\s]+)", r).group(1) for r in project["dependencies"] if r.startswith("torch"))
+    texts = [ROOT / "tox.ini", ROOT / "README.md", ROOT / "ARCHITECTURE.md", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "shardcheck").rglob("*.py")]
+    stated = {(p.relative_to(ROOT).as_posix(), bound) for p in texts
+              for bound in re.findall(r"torch\s*>=\s*([0-9][0-9.]*[0-9])", p.read_text())}
+    assert ("tox.ini", declared) in stated  # the texts the rule exists for say it
+    assert ("docs/development.md", declared) in stated
+    assert {(path, bound) for path, bound in stated if bound != declared} == set()
+
+
+def test_the_impl_option_names_every_builtin_adapter():
+    """`--shardcheck-impl`'s help is made from the adapters' one list (shardcheck/builtin_adapters.py)."""
+    from shardcheck.builtin_adapters import BUILTIN
+    from shardcheck.conformance import adapters
+
+    assert adapters.BUILTIN is BUILTIN
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    helped = re.search(r"--shardcheck-impl=SHARDCHECK_IMPL\s+(.*?)\n\s+--", proc.stdout, re.S)
+    assert helped, proc.stdout[-2000:]
+    text = " ".join(helped.group(1).split())
+    assert f"a built-in name ({', '.join(BUILTIN)})" in text, text
+
+
+def test_the_schema_version_is_written_once():
+    """The version the writer writes is schema.json's own const; the architecture page says the same."""
+    import json
+
+    from shardcheck.conformance.report import reading, writer
+
+    schema = json.loads((REPORT / "schema.json").read_text())
+    assert reading.SCHEMA_VERSION == writer.SCHEMA_VERSION == schema["properties"]["schema_version"]["const"]
+    assert schema["$id"].endswith(f"/v{reading.SCHEMA_VERSION}.json")
+    assert set(reading.SCHEMAS) == set(range(2, reading.SCHEMA_VERSION + 1))
+    said = re.findall(r"`schema.json` \(version (\d+)", (ROOT / "ARCHITECTURE.md").read_text())
+    assert said == [str(reading.SCHEMA_VERSION)], said
+    for path in (REPORT / "writer.py", REPORT / "reading.py"):  # no text there claims a number of its own
+        assert not re.search(r"is schema version \d|The version \d report|^SCHEMA_VERSION = \d", path.read_text(), re.M), path

@@ -2,11 +2,11 @@
 
 A process that imported torch holds some 400,000 objects that live as long as it does. With
 CPython's default thresholds, (700, 10, 10), a full collection runs whenever the objects that
-survived young collections grow by a quarter, and each walks all of them: about 0.1 s apiece, a
-handful while torch and the tests import, and three more as a pytest session ends
-(`pytest_unconfigure` collects twice, the interpreter once at exit). Summed over the processes of
-the project's test command (xdist workers, ranks, child runs, `shardcheck run`), callbacks on
-`gc.callbacks` counted 30 CPU-s of collections; with the two measures below, 14.
+survived young collections grow by a quarter, and each walks all of them: a handful while torch
+and the tests import, and three more as a pytest session ends (`pytest_unconfigure` collects
+twice, the interpreter once at exit). Summed over the processes of the project's test command
+(xdist workers, ranks, child runs, `shardcheck run`), the two measures below halve the time spent
+collecting (counted with callbacks on `gc.callbacks`; the figures: docs/speed.md).
 
 - `fewer_collections`: young collections every 10,000 allocations instead of 700. Reference cycles
   are still found, later; memory checks collect explicitly before they read what is alive.

@@ -21,8 +21,8 @@ _RNG_LOCK = threading.RLock()
 def manual_seed(seed: int) -> None:
     """`torch.manual_seed(seed)`: every device's generator seeded to `seed`. In a build of torch with no
     accelerator that is the CPU generator alone; torch.manual_seed would also queue seeds for CUDA, XPU
-    and MTIA, which such a build can never initialise, with a formatted stack each (0.2 to 1 ms a
-    call, a few per cent of a small check)."""
+    and MTIA, which such a build can never initialise, with a formatted stack each (a measurable
+    share of a small check: docs/speed.md)."""
     if not torch.backends.cuda.is_built() and not torch.xpu.is_available():  # compile-time facts:
         # torch.accelerator.current_accelerator() would ask the CUDA driver (shardcheck.harness.cuda)
         torch.default_generator.manual_seed(seed)

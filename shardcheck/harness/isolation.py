@@ -102,7 +102,7 @@ class Settings:
 
 def _environ_data() -> dict:
     """The environment as a plain dict, cheaply: os.environ's own bytes mapping where CPython has one
-    (a comparison then takes 1 us, not the 17 us of decoding every entry)."""
+    (a comparison then decodes no entry)."""
     data = getattr(os.environ, "_data", None)
     return dict(data) if isinstance(data, dict) else {k.encode(): v.encode() for k, v in os.environ.items()}
 

@@ -28,6 +28,7 @@ from shardcheck.harness.launcher import detect
 from shardcheck.harness.plan import HarnessUsageError, Plan, check_backend, check_world_size, choose_mode, make_plan
 from shardcheck.harness.task import Task, takes_ctx
 from shardcheck.harness.verdict import Verdict, not_started
+from shardcheck.session_state import Harness, of
 
 MARKER = "distributed"
 PLAN = pytest.StashKey[Plan]()  # a distributed item's plan, made at setup
@@ -55,46 +56,43 @@ def _size(text: str) -> int:
 def pytest_configure(config):
     collector.fewer_collections()  # before the tests import torch (shardcheck/harness/collector.py)
     try:
-        config._shardcheck_backends = [check_backend(b.strip())
-                                       for b in config.getoption("shardcheck_backend").split(",")]
+        backends = tuple(check_backend(b.strip()) for b in config.getoption("shardcheck_backend").split(","))
         sizes = config.getoption("shardcheck_world_sizes")
-        config._shardcheck_sizes = {check_world_size(_size(s)) for s in sizes.split(",")} if sizes else None
+        kept = frozenset(check_world_size(_size(s)) for s in sizes.split(",")) if sizes else None
     except HarnessUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
-    config._shardcheck_launch_env = detect()
-    config._shardcheck_main_pid = os.getpid()
-    config._shardcheck_locations = {}  # nodeid -> location of distributed tests, for late reports
-    config._shardcheck_preloaded = False
+    launch, main_pid = detect(), os.getpid()
     forked_compat.install()  # --forked on pytest >= 9.2 (see shardcheck/harness/forked_compat.py)
-    config._shardcheck_lease_dir = None
-    if not hasattr(config, "workerinput"):  # the controller; xdist workers inherit its environment
-        config._shardcheck_lease_dir = devices.prepare()
+    # the controller leases; xdist workers inherit its environment
+    lease_dir = None if hasattr(config, "workerinput") else devices.prepare()
+    of(config).harness = Harness(backends, kept, launch, main_pid, lease_dir)
 
 
 def _preload(config) -> None:
     """Before the first distributed test of this process: import `rank_preload` once. It is for
     ranks forked from this process (pools) or run in it (threads); not for a launcher's rank (no
     rank is forked from it; what its tests need, they import)."""
-    if config._shardcheck_preloaded or config._shardcheck_launch_env is not None:
+    state = of(config)
+    if state.preloaded or state.harness.launch is not None:
         return
     from shardcheck.harness.pool import preload
 
     preload(config.getini("rank_preload"))
     collector.freeze_the_long_lived()  # the preloaded modules too, before ranks fork from here
-    config._shardcheck_preloaded = True
+    state.preloaded = True
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
     """What is loaded by now (torch, the plugins, the collected tests) stays for the session's life:
-    frozen, the full collections that follow (pytest's own two as the session ends, 0.1 s each with
-    torch in view) stop walking it. Ranks do the same with what they inherit (worker.py)."""
+    frozen, the full collections that follow (pytest's own two as the session ends, each walking
+    everything torch made) stop walking it. Ranks do the same with what they inherit (worker.py)."""
     collector.freeze_the_long_lived()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
-    launch = session.config._shardcheck_launch_env
+    launch = of(session.config).harness.launch
     if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
         reporter = session.config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:  # keep the plugin (others use it), silence its output
@@ -106,11 +104,12 @@ def pytest_sessionstart(session):
 def pytest_report_header(config):
     """The harness's line when the session asked for shardcheck (an option, a launcher), and `-n gpus`'s."""
     lines = []
-    if config._shardcheck_asked:
-        launch = config._shardcheck_launch_env
+    state = of(config)
+    if state.asked:
+        launch = state.harness.launch
         where = (f"{launch.launcher} rank {launch.rank}/{launch.world_size}" if launch
                  else config.getoption("shardcheck_launch"))
-        lines.append(f"shardcheck harness: backend={','.join(config._shardcheck_backends)} launch={where}")
+        lines.append(f"shardcheck harness: backend={','.join(state.harness.backends)} launch={where}")
     gpus = xdist_support.header_line()
     return lines + [gpus] if gpus else lines or None
 
@@ -152,7 +151,7 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-    keep = config._shardcheck_sizes
+    keep = of(config).harness.sizes
     if keep is None:
         return
     selected, deselected = [], []
@@ -174,7 +173,7 @@ def _backends_for(marker, config) -> list[str]:
     fixed = marker.kwargs.get("backend")
     if fixed:
         return [fixed] if isinstance(fixed, str) else list(fixed)
-    return config._shardcheck_backends
+    return list(of(config).harness.backends)
 
 
 def _backend(item) -> str:
@@ -190,7 +189,7 @@ def _deadline(item) -> float:
 
 def _times_itself(item) -> bool:
     """The harness enforces the limit of distributed tests it runs (not under torchrun/srun)."""
-    return item.get_closest_marker(MARKER) is not None and item.config._shardcheck_launch_env is None
+    return item.get_closest_marker(MARKER) is not None and of(item.config).harness.launch is None
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -205,7 +204,7 @@ def pytest_timeout_set_timer(item, settings):
 def _make_plan(item) -> Plan:
     backend = _backend(item)
     mode = choose_mode(backend, item.config.getoption("shardcheck_launch"),
-                       external=item.config._shardcheck_launch_env is not None)
+                       external=of(item.config).harness.launch is not None)
     return make_plan(_world_size(item), backend, mode)
 
 
@@ -258,7 +257,7 @@ def pytest_pyfunc_call(pyfuncitem):
     task = Task(test_id=pyfuncitem.nodeid, module=pyfuncitem.module.__name__,
                 file=getattr(pyfuncitem.module, "__file__", None),
                 qualname=_qualname(pyfuncitem), kwargs=kwargs, sys_path=list(sys.path))
-    pyfuncitem.config._shardcheck_locations[pyfuncitem.nodeid] = pyfuncitem.location
+    of(pyfuncitem.config).locations[pyfuncitem.nodeid] = pyfuncitem.location
     try:
         if devices.leasing_applies(plan.backend, plan.mode):
             visible = len(devices.visible_devices())
@@ -302,7 +301,7 @@ def _run_timed(item, task: Task, plan: Plan, leased: list[str] | None) -> Verdic
 def pytest_runtest_teardown(item):
     if not _started():
         return
-    if os.getpid() != item.config._shardcheck_main_pid:  # pytest-forked child: its pools die with it
+    if os.getpid() != of(item.config).harness.main_pid:  # pytest-forked child: its pools die with it
         deaths = _runner().shutdown_pools()  # in this child they can only be this test's
         if deaths:
             pytest.fail("; ".join(message for _, message in deaths), pytrace=False)
@@ -323,7 +322,7 @@ def pytest_runtestloop(session):
 def _report_idle_death(session, culprit: str | None, message: str) -> None:
     """A teardown error of the test that ran last on the dead rank (counted: the run fails)."""
     nodeid = culprit or "shardcheck-pool"
-    location = session.config._shardcheck_locations.get(nodeid, (nodeid, None, nodeid))
+    location = of(session.config).locations.get(nodeid, (nodeid, None, nodeid))
     report = pytest.TestReport(nodeid=nodeid, location=location, keywords={}, outcome="failed",
                                longrepr=f"{message}: the death belongs to that test", when="teardown")
     session.config.hook.pytest_runtest_logreport(report=report)
@@ -333,4 +332,5 @@ def pytest_unconfigure(config):
     if _started():
         _runner().shutdown_pools()
         _runner().leave_external_world()  # ranks leave together, after rank 0 has reported
-    devices.finish(getattr(config, "_shardcheck_lease_dir", None))  # after the workers: no lease is held
+    harness = of(config).harness
+    devices.finish(harness.lease_dir if harness else None)  # after the workers: no lease is held

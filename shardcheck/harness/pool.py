@@ -90,8 +90,8 @@ class RankPool:
         # Each rank's place between tests, in shared memory (no message, no cost): +n while it runs
         # the pool's n-th test, -n once it has answered it, 0 before its first test.
         self.state = context.RawArray("q", world_size)
-        # Where the ranks meet before every body: in shared memory, some 50 times cheaper than a
-        # barrier of the process group (1.5 ms at world size 4 on 2 cores, `python -m shardcheck.harness.bench`)
+        # Where the ranks meet before every body: in shared memory, far cheaper than a barrier of
+        # the process group (`python -m shardcheck.harness.bench`; the figures: docs/speed.md, issue 29)
         self.gate = context.Barrier(world_size)
         self.seq = 0
         self.test_ids: dict[int, str] = {}  # the last tests run here, by sequence number

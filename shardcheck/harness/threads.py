@@ -102,8 +102,8 @@ def _install_baton(collective_class: type) -> None:
     """One rank thread of a world runs at a time: each holds its world's baton (`_taps.baton`) from
     the start of its body to its end and hands it over only while it waits: in a collective
     (`Collective.join`, the threaded group's one blocking point) or on the store (`BatonStore`).
-    Without it the rank threads fought over the interpreter lock at every kernel: the clip_grad file
-    on threads took 51 CPU-s for 35 s (15 s of them system time), with it 21 CPU-s for 21 s."""
+    Without it the rank threads fought over the interpreter lock at every kernel (what it saves:
+    docs/speed.md)."""
     with _TAP_LOCK:
         if collective_class.__dict__.get("_shardcheck_baton"):
             return

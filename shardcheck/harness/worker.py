@@ -49,11 +49,11 @@ def pin_to_one_cpu(rank: int) -> None:
     A gloo collective is a chain of small messages, each waking the receiver's I/O thread and then
     the thread waiting in the collective; with more ranks than cores, free to float, those wake-ups
     bounce between cores and queue behind other ranks. Pinned, the reference matrix's clip_grad and
-    train_parity families at world size 4 on 2 cores took 33 s instead of 61 s
+    train_parity families at world size 4 on more ranks than cores take about half the time
     (`python -m shardcheck.conformance.bench` measures the whole matrix). A world of 2 is left free:
-    an all-reduce of 10 floats took 0.74 ms and 474 us of CPU per rank unpinned against 1.34 ms and
-    844 us pinned (`python -m shardcheck.harness.collective_bench`), and the gloo checks 3 s and 6 CPU-s
-    less. Unpinned ranks also meet torch's races more often: F67 (gloo's functional all-gathers in
+    unpinned, its collectives are quicker and cost less CPU per rank
+    (`python -m shardcheck.harness.collective_bench`), and so do the gloo checks. The figures:
+    docs/speed.md. Unpinned ranks also meet torch's races more often: F67 (gloo's functional all-gathers in
     flight together corrupting the heap) aborted FSDP2's TwoTensor cells 2 times in 43 unpinned runs,
     0 in 40 pinned, until the adapters stopped reading through that path. SHARDCHECK_PIN_RANKS=0 turns
     pinning off.
@@ -119,7 +119,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     import torch.distributed as dist
 
     # What this rank inherited or imported so far (torch, the preloaded modules: some 300,000
-    # objects) is never garbage: frozen, a full collection no longer walks it (0.3-0.5 s each).
+    # objects) is never garbage: frozen, a full collection no longer walks it.
     collector.fewer_collections()  # a spawned rank starts with CPython's thresholds
     collector.freeze_the_long_lived()
 

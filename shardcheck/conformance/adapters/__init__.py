@@ -15,21 +15,10 @@ import importlib
 from pathlib import Path
 from importlib.metadata import entry_points
 
+from shardcheck.builtin_adapters import BUILTIN  # the built-in adapters' names and classes: data the entry point reads too
 from shardcheck.conformance.protocol import Adapter, required
 from shardcheck.conformance.protocol.capabilities import CAPABILITIES, unknown
 
-BUILTIN = {
-    "reference": "shardcheck.conformance.adapters.reference:ReferenceAdapter",
-    "torch-fsdp2": "shardcheck.conformance.adapters.torch_fsdp2:TorchFSDP2Adapter",
-    "torch-fsdp1": "shardcheck.conformance.adapters.torch_fsdp1:TorchFSDP1Adapter",
-    "ddp": "shardcheck.conformance.adapters.ddp:DDPAdapter",
-    "torch-zero": "shardcheck.conformance.adapters.torch_zero:TorchZeroAdapter",
-    "deepspeed": "shardcheck.conformance.adapters.deepspeed:DeepSpeedAdapter",
-    "torchtitan-simplefsdp": "shardcheck.conformance.adapters.torchtitan_simplefsdp:SimpleFSDPAdapter",
-    "megatron-fsdp": "shardcheck.conformance.adapters.megatron_fsdp:MegatronFSDPAdapter",
-    "accelerate": "shardcheck.conformance.adapters.accelerate:AccelerateAdapter",
-    "lightning": "shardcheck.conformance.adapters.lightning:LightningAdapter",
-}
 ENTRY_POINT_GROUP = "shardcheck.adapters"
 
 

@@ -12,11 +12,11 @@ def load():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     import deepspeed.ops
-    # deepspeed/comm/torch.py JIT-builds it (30-100 s) unless marked incompatible; training never uses it.
+    # deepspeed/comm/torch.py JIT-builds it (a long compile) unless marked incompatible; training never uses it.
     if deepspeed.ops.__compatible_ops__.get("deepspeed_shm_comm", True):
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         gc.collect()
-        gc.freeze()  # ZeRO-3 init runs gc.collect() (zero/utils.defragment): 0.5 s per engine, 80 ms frozen
+        gc.freeze()  # ZeRO-3 init runs gc.collect() (zero/utils.defragment) per engine: cheap once frozen
     return deepspeed
 
 

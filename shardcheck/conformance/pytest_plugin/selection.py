@@ -26,12 +26,14 @@ import pytest
 from shardcheck.conformance.protocol import outcomes
 from shardcheck.conformance.pytest_plugin import expected_errors
 from shardcheck.conformance.report.cells import nodeid_of, strip_impl
+from shardcheck.conformance.report.writer import WRITER
+from shardcheck.session_state import Selection, of
 
 # Nothing above imports torch or an adapter: they are loaded when a test takes `impl` (a
 # conformance check) or --shardcheck-impl is given, not in every session of the environment.
 # Modules the ranks import on first use, to import once in the parent before ranks fork
 # (shardcheck.harness.preload): the first construction of a torch optimizer (Optimizer.build) imports
-# torch._dynamo, about 1 s of CPU in every rank of every pool.
+# torch._dynamo, a costly import in every rank of every pool (docs/speed.md).
 RANK_PRELOAD = ("torch._dynamo",)
 
 
@@ -41,7 +43,6 @@ def pytest_configure(config):
             config.addinivalue_line("rank_preload", module)
         except ValueError:
             break  # the harness plugin is off (-p no:shardcheck): no ranks, nothing to preload
-    config._shardcheck_impls = config._shardcheck_manifests = None
     if not config.pluginmanager.has_plugin("shardcheck-expected-errors"):
         config.pluginmanager.register(expected_errors, "shardcheck-expected-errors")
     if config.getoption("shardcheck_split", None) and not config.pluginmanager.has_plugin("shardcheck-split"):
@@ -53,9 +54,11 @@ def pytest_configure(config):
 
 
 def impls(config) -> dict:
-    """{name: adapter} of the implementations checked, loaded on first use with their manifests."""
-    if config._shardcheck_impls is not None:
-        return config._shardcheck_impls
+    """{name: adapter} of the implementations checked, loaded on first use with their manifests
+    (the session's state holds them: shardcheck/session_state.py)."""
+    state = of(config)
+    if state.selection is not None:
+        return state.selection.impls
     from shardcheck.conformance import adapters
     from shardcheck.conformance.expectations import manifest
 
@@ -70,12 +73,12 @@ def impls(config) -> dict:
             for name, reason in left_out.items():
                 print(f"shardcheck: --impl all: {name} left out: {reason}", file=sys.stderr)
     try:
-        config._shardcheck_impls = {n: adapters.load(n) for n in dict.fromkeys(names)}
-        config._shardcheck_manifests = {n: manifest.load(a) for n, a in config._shardcheck_impls.items()}
-        config._shardcheck_reasons = {a.name: manifest.unsupported(a) for a in config._shardcheck_impls.values()}
+        loaded = {n: adapters.load(n) for n in dict.fromkeys(names)}
+        state.selection = Selection(impls=loaded, manifests={n: manifest.load(a) for n, a in loaded.items()},
+                                    reasons={a.name: manifest.unsupported(a) for a in loaded.values()})
     except (adapters.UnknownAdapter, manifest.ManifestError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    return config._shardcheck_impls
+    return loaded
 
 
 def _split(chunk: str) -> list[str]:
@@ -92,14 +95,23 @@ def _split(chunk: str) -> list[str]:
     return out + [cur]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """The report writer's header (written at its sessionstart, after this) names the implementations
+    checked: loaded now into the session's state, where it reads them."""
+    if session.config.pluginmanager.has_plugin(WRITER):
+        impls(session.config)
+
+
 def pytest_report_header(config):
-    if config._shardcheck_impls is None:
+    selection = of(config).selection
+    if selection is None:
         return None  # not asked for (--shardcheck-impl): no line in an unrelated session's header
     from shardcheck.conformance.expectations import releases
 
-    note = releases.unjudged(releases.installed_torch(), list(config._shardcheck_impls))
+    note = releases.unjudged(releases.installed_torch(), list(selection.impls))
     return [f"shardcheck impl {name}: {a.name} {a.version} [{', '.join(sorted(a.capabilities))}]"
-            for name, a in config._shardcheck_impls.items()] + ([f"shardcheck: {note}"] if note else [])
+            for name, a in selection.impls.items()] + ([f"shardcheck: {note}"] if note else [])
 
 
 def pytest_generate_tests(metafunc):
@@ -129,7 +141,8 @@ def pytest_runtest_setup(item):
     if missing:
         from shardcheck.conformance.expectations.manifest import NO_REASON
 
-        known = getattr(item.config, "_shardcheck_reasons", None) or {}
+        selection = of(item.config).selection
+        known = selection.reasons if selection else {}
         reasons = {c: known.get(adapter.name, {}).get(c) or NO_REASON for c in missing}
         item.user_properties.append((outcomes.MISSING_PROPERTY, reasons))  # the run's summary groups by it
         raise outcomes.Unsupported(f"{adapter.name} does not declare "
@@ -153,7 +166,8 @@ def pytest_report_teststatus(report, config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     """Check every requires() name; mark known failures as strict xfails before -k/-m deselect."""
-    if config._shardcheck_impls is None:
+    selection = of(config).selection
+    if selection is None:
         return  # no test took `impl`: no conformance cell here
     from shardcheck.conformance.protocol import capabilities
 
@@ -167,10 +181,10 @@ def pytest_collection_modifyitems(session, config, items):
     # its cells, need not hold the entry's)
     partly = {Path(arg.split("::")[0]).name for arg in config.args if "::" in arg}
     collected_files = {Path(nodeid_of(i).split("::")[0]).name for i in items} - partly
-    for impl_name, entries in config._shardcheck_manifests.items():
+    for impl_name, entries in selection.manifests.items():
         used = set()
         for item in items:
-            if _adapter_of(item) is not config._shardcheck_impls[impl_name]:
+            if _adapter_of(item) is not selection.impls[impl_name]:
                 continue
             cell = strip_impl(nodeid_of(item), impl_name)
             for i, entry in enumerate(entries):

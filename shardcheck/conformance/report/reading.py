@@ -1,5 +1,6 @@
 """Reading conformance reports of every version this shardcheck reads (READS): validation against
-their schema (version 7: schema.json; version 6: schema-v6.json; version 5: schema-v5.json; version 4: schema-v4.json; version 3: schema-v3.json; versions 1 and 2: schema-v2.json,
+their schema (the version the writer writes, SCHEMA_VERSION, read from schema.json's own
+`schema_version`: schema.json; an earlier version N: schema-vN.json; versions 1 and 2: schema-v2.json,
 version 1 upgraded first),
 and `load`, which gives every version the same shape: full cells (version 2's) under `cells`.
 
@@ -26,10 +27,10 @@ SCHEMA = Path(__file__).with_name("schema.json")  # the version the writer write
 # version 6 = version 5 with the target's `unjudged` line (the torch release not judged, or null);
 # version 5 = version 4 with a cell's measured footprint (family sharding) as a last row column;
 # version 4 = version 3 with a cell's worst margin as a last row column; version 1 is read as version 2
-SCHEMAS = {7: SCHEMA, 6: SCHEMA.with_name("schema-v6.json"), 5: SCHEMA.with_name("schema-v5.json"), 4: SCHEMA.with_name("schema-v4.json"), 3: SCHEMA.with_name("schema-v3.json"),
-           2: SCHEMA.with_name("schema-v2.json")}
-SCHEMA_VERSION = 7
-READS = (1, 2, 3, 4, 5, 6, 7)
+# the one place the version is written: the schema's `schema_version` const
+SCHEMA_VERSION: int = json.loads(SCHEMA.read_text())["properties"]["schema_version"]["const"]
+SCHEMAS = {SCHEMA_VERSION: SCHEMA, **{v: SCHEMA.with_name(f"schema-v{v}.json") for v in range(2, SCHEMA_VERSION)}}
+READS = (1, *sorted(SCHEMAS))
 
 
 class ReportError(Exception):

@@ -99,7 +99,7 @@ def default_reports(folder: Path, impls: set[str]) -> list[dict]:
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
             if {i.get("selected_as") for i in report.get("implementations") or []} & impls:
-                found.append(reading.expand(report))  # not validated: 0.5 s each, and the reports are ours
+                found.append(reading.expand(report))  # not validated: costly for a whole report, and the reports are ours
         except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
             continue
     return found

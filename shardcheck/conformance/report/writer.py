@@ -19,7 +19,8 @@ second run given the same report path stops with a usage error before any cell r
 mixing its cells into the first run's stream. A report path that is a directory or cannot be
 written is a usage error too. A streamed cell's `message` keeps at most MESSAGE_LIMIT characters; the
 report keeps it trimmed (shardcheck.conformance.report.texts) and says in `full_text` which stream has it whole.
-The report is schema version 3 (shardcheck.conformance.report.compact: cells as short rows).
+The report is of the current schema version (SCHEMA_VERSION: report/schema.json's, through
+shardcheck.conformance.report.reading), its cells as short rows (shardcheck.conformance.report.compact).
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ from shardcheck.conformance.report.reading import SCHEMA_VERSION
 from shardcheck.conformance.report.stream import StreamError, lock_stream, stream_path, unwritable  # callers reach them here too
 from shardcheck.conformance.report.texts import KNOWN_FAILURE_LIMIT, MESSAGE_LIMIT, bounded
 from shardcheck.conformance.report.cells import nodeid_of
+from shardcheck.session_state import of
 
 HEAD = ("suite", "started", "implementations", "target", "finished", "duration_s", "complete", "exit_status", "split")
 PARAMS_PROPERTY = "shardcheck_params"  # the user property carrying a cell's parameters
+WRITER = "shardcheck-report-writer"  # the writer's name among the session's plugins
 SUITE_VERSION = "0.1.0"
 RECORDED_ENV = ("SHARDCHECK_BACKEND", "SHARDCHECK_IMPL", "SHARDCHECK_LAUNCH", "CUDA_VISIBLE_DEVICES",
                 "WORLD_SIZE", "SLURM_JOB_ID")  # named variables only: never the whole environment
@@ -149,9 +152,8 @@ class ReportWriter:
         self.stream.flush()
 
     def header(self) -> dict:
-        from shardcheck.conformance.pytest_plugin import selection  # its implementations, loaded for the report
-
-        impls = selection.impls(self.config) if hasattr(self.config, "_shardcheck_impls") else {}
+        selection = of(self.config).selection  # loaded for the report (selection.pytest_sessionstart)
+        impls = selection.impls if selection else {}
         return {
             "schema_version": SCHEMA_VERSION,
             "suite": {"name": "shardcheck", "version": SUITE_VERSION, "git_revision": _git_revision()},
@@ -221,9 +223,9 @@ def report_text(cell: dict) -> str:
 
 
 def compose(head: dict, cells: list[dict], full_text: str | None, explore: list[dict] | None = None) -> dict:
-    """The version 3 report: `head`'s HEAD fields, the summary, and the cells (full, as streamed)
-    as rows (shardcheck.conformance.report.compact), their texts trimmed; `explore`: the explore family's
-    searches, when it ran."""
+    """The report, of the current schema version (SCHEMA_VERSION): `head`'s HEAD fields, the summary,
+    and the cells (full, as streamed) as rows (shardcheck.conformance.report.compact), their texts
+    trimmed; `explore`: the explore family's searches, when it ran."""
     summary: dict = {"by_outcome": {}, "by_family": {}, "by_impl": coverage.by_impl(cells)}
     for cell in cells:
         summary["by_outcome"][cell["outcome"]] = summary["by_outcome"].get(cell["outcome"], 0) + 1
@@ -334,13 +336,14 @@ def _target(config) -> dict:
 
     # This process forks ranks: what it knows of CUDA comes from NVML (shardcheck.harness.cuda).
     names = cuda_probe.device_names()
-    backends = getattr(config, "_shardcheck_backends", None) or []
+    harness = of(config).harness
+    backends = list(harness.backends) if harness else []
     on_gpu = bool(names) and ("nccl" in backends or ("threaded" in backends and thread_device_type() == "cuda"))
     return {
-        "backends": getattr(config, "_shardcheck_backends", None),
+        "backends": list(harness.backends) if harness else None,
         "device_type": "cuda" if on_gpu else "cpu",
         "device_model": names[0] if on_gpu else platform.processor() or platform.machine(),
-        "world_sizes": sorted(getattr(config, "_shardcheck_sizes", None) or []) or "all",
+        "world_sizes": sorted((harness.sizes if harness else None) or []) or "all",
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if on_gpu and "nccl" in backends else None,
         "python": sys.version.split()[0], "platform": platform.platform(),
@@ -361,4 +364,4 @@ def pytest_configure(config):
             writer = ReportWriter(config, Path(path))
         except (StreamError, OSError) as exc:
             raise pytest.UsageError(f"--shardcheck-report: {exc}") from None
-        config.pluginmanager.register(writer, "shardcheck-report-writer")
+        config.pluginmanager.register(writer, WRITER)

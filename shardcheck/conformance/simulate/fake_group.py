@@ -62,8 +62,8 @@ def fake_world(rank: int, world_size: int, silent: bool = True) -> Iterator[None
     """The default process group is a fake group of ``world_size`` in which we are ``rank``; with
     ``silent``, its all-gathers and reduce-scatters into a tensor leave their outputs untouched
     throughout (``SilentCollectives``). Without it, a caller silences only where collectives run:
-    the mode costs each operation ~3.7 us, and sharding at 16,384 ranks is millions of operations
-    (FINDINGS F68)."""
+    the mode costs every operation something, and sharding at 16,384 ranks is millions of operations
+    (FINDINGS F68; the figures: docs/speed.md)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
     if dist.is_initialized():

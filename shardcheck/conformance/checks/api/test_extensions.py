@@ -189,8 +189,8 @@ def test_uneven_shards(ctx, impl, rows, inputs):
     _train_parity(ctx, impl, ref, model, ShardSpec(mesh=ctx.mesh()), 3, calls)
 
 
-# The deadline is what tells a hang from an error: the cell takes 0.03-0.06 s on the reference and
-# under 1 s on FSDP2 (2-core CPU), so 5 s is ample, and an implementation that hangs (F11) costs 5 s.
+# The deadline is what tells a hang from an error: the cell takes a small fraction of it on the
+# reference and on FSDP2 (docs/speed.md), so 5 s is ample, and an implementation that hangs (F11) costs 5 s.
 @distributed(world_size=[2, 4], timeout=5)
 @pytest.mark.parametrize("wrong_on", ["last_rank", "every_rank"])
 def test_wrong_size_raises_on_every_rank(ctx, impl, wrong_on):

@@ -25,7 +25,7 @@ them afterwards), e.g. ``TwoTensor.fsdp_pre_all_gather = fn``.
 Differences from torch's file: the ``mark_subclass_constructor_exportable_experimental``
 decorator (``torch.export`` only) is dropped, and ``__torch_dispatch__`` maps the arguments and
 outputs aten ops have (tensors, scalars, flat lists) without pytree, falling back to pytree for
-anything else (2.6x faster training; tests/conformance/test_subclasses.py compares it with torch's
+anything else (faster training, docs/speed.md; tests/conformance/test_subclasses.py compares it with torch's
 code op by op); behaviour otherwise identical.
 """
 

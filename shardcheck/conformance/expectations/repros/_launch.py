@@ -35,7 +35,7 @@ def _rank(rank, body, world_size, folder, timeout_s):
         f.write(result)
     # No rank leaves while another is still joining the group (CI saw a quick rank's exit break the
     # other's init). Not a barrier on the group: a rank the failure under study left inside a
-    # collective would hold it until the gloo timeout (F9's reproduction took 30 s that way).
+    # collective would hold it until the gloo timeout (F9's reproduction did).
     deadline = time.monotonic() + timeout_s
     while (not all(os.path.exists(os.path.join(folder, f"joined{r}")) for r in range(world_size))
            and time.monotonic() < deadline):

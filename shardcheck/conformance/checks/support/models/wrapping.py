@@ -155,8 +155,8 @@ class ConformanceModel(nn.Module):
 
 class _BuiltOnce(type(nn.Module)):
     """A deterministic model is built once per process and argument list; later calls get a deep
-    copy of it (a transformer is built in 27 ms and copied in 5 ms, twice per cell of the clip
-    checks), and the CPU generator is left exactly where building would have left it, so the
+    copy of it (copying a transformer is several times cheaper than building it, twice per cell of
+    the clip checks), and the CPU generator is left exactly where building would have left it, so the
     random draws after the call are the same as with a fresh build."""
 
     _cache: dict = {}
