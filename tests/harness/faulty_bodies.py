@@ -183,11 +183,33 @@ def test_rank1_dies_just_after_returning(ctx):
     dist.barrier()
     if ctx.rank == 1:  # the body returns; a process it does not own (no thread or child of this
         # rank's: the harness would refuse those) ends the rank 0.5 s later
+        with open(DYING_RANK, "w") as f:  # the session's folder: test_pause_between_tests waits for it
+            f.write(str(os.getpid()))
         os.system(f"(sleep 0.5; kill -s TERM {os.getpid()}) >/dev/null 2>&1 &")
 
 
+DYING_RANK = "rank-dying-after-returning.pid"
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie its pool has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 def test_pause_between_tests():
-    time.sleep(0.8)  # not distributed: the pool sits idle meanwhile
+    # not distributed: the pool sits idle meanwhile, until a rank killed after its test has died
+    # (however loaded the machine, so that the death happens inside this session), and 0.3 s more
+    if os.path.exists(DYING_RANK):
+        with open(DYING_RANK) as f:
+            pid = int(f.read())
+        deadline = time.monotonic() + 60
+        while not _ended(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    time.sleep(0.3)
 
 
 @distributed(world_size=2)
