@@ -65,6 +65,7 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "meta_init", "checkpoint", "checkpoint_reshard", "activation_checkpointing", "buffers", "compile",
+        "token_weighted_loss",
     })
     variants = {"flat": "use_orig_params=False: each unit's parameters in one flat parameter"}
 

@@ -88,6 +88,12 @@ class Trainer(Protocol):
     # None: between steps, the parameters named as in the unsharded model stop or start requiring
     # gradients, as `p.requires_grad_(flag)` does to the plain model (a fine-tuning schedule).
     #
+    # Optional, with the capability `token_weighted_loss` (Recipe.tokens): begin_step(self,
+    # micro_batches) -> None, called before a step's first `forward_backward` with this rank's
+    # micro-batches of that step (all of them, as a loop that counts tokens fetches them ahead): the
+    # trainer counts their tokens and agrees the step's global count with the other data-parallel
+    # ranks (collective), by which each micro-batch's summed loss is then divided.
+    #
     # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
     # engine state) whether it passed or not.
     #
