@@ -5,7 +5,8 @@ A token-weighted loss (Recipe.tokens, capability `token_weighted_loss`) is what 
 language models write: the sum of the cross-entropy over the step's non-pad targets divided by
 their global number, counted over every rank's micro-batches and agreed before the first backward,
 the engine's average over the ranks undone (docs/models.md). Averaging each micro-batch's own
-mean instead is the bug transformers' Trainer had for years. Each cell trains TokenLM
+mean instead is the bug transformers' Trainer had for years. Each cell (FULL_SHARD, NO_SHARD,
+SHARD_OPTIMIZER; gradients synced on every micro-batch or the last only) trains TokenLM
 (checks/support/knobs.py) two steps of three micro-batches per rank, two sequences of 1 to 9 tokens
 each, and compares every micro-batch's share of the loss, the gradients and the parameters with one
 device training on the step's tokens of all ranks in one batch (knobs.OneBatchReference): no
@@ -58,7 +59,7 @@ def _flag_needs(params) -> set[str]:
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(_token_needs)
 @pytest.mark.parametrize("sync", sorted(TOKEN_RECIPES))
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_token_weighted_loss(ctx, impl, strategy, sync):
     """The step's loss is the mean over every rank's non-pad targets: each micro-batch's share of it,
     the gradients and the parameters match one device training on those tokens in one batch, with
