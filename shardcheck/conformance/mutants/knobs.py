@@ -21,7 +21,8 @@ import torch
 from shardcheck.conformance.mutants.base import MutantAdapter, replace
 from shardcheck.conformance.protocol.torch_style import TorchStyleTrainer
 
-TOKENS = "test_training_loop_knobs.py::test_token_weighted_loss"
+TOKENS = ("test_training_loop_knobs.py::test_token_weighted_loss", "test_training_loop_knobs.py::test_token_weighted_loss_summed")
+TOKEN_CELLS = ("test_token_weighted_loss[*]", "test_token_weighted_loss_summed[*]")
 FLAGS = "test_training_loop_knobs.py::test_accumulation_flags"
 KEPT_CELLS = ("test_accumulation_flags[ws2-*-reshard_after_backward]", "test_accumulation_flags[ws2-*-torch_pattern]")
 
@@ -70,8 +71,8 @@ class TokenMeanPerMicroBatch(MutantAdapter):
 
     name = "mutant-token-mean-per-micro-batch"
     bug = "token-weighted loss normalized per micro-batch (micro-batch means averaged, not the global token mean)"
-    checks = (TOKENS,)
-    cells = ("test_token_weighted_loss[*]",)
+    checks = TOKENS
+    cells = TOKEN_CELLS
 
     def patch(self) -> None:
         pass  # the bug is the trainer's (module doc)
@@ -86,8 +87,8 @@ class TokenCountLocal(MutantAdapter):
 
     name = "mutant-token-count-local"
     bug = "token count of the rank's own micro-batches, not all-reduced (each rank's token mean averaged)"
-    checks = (TOKENS,)
-    cells = ("test_token_weighted_loss[*]",)
+    checks = TOKENS
+    cells = TOKEN_CELLS
 
     def patch(self) -> None:
         pass  # the bug is the trainer's (module doc)

@@ -4,7 +4,8 @@ of varying length, and FSDP2's accumulation flags.
 A token-weighted loss (Recipe.tokens, capability `token_weighted_loss`) is what users of causal
 language models write: the sum of the cross-entropy over the step's non-pad targets divided by
 their global number, counted over every rank's micro-batches and agreed before the first backward,
-the engine's average over the ranks undone (docs/models.md). Averaging each micro-batch's own
+the engine's average over the ranks undone, or the gradients summed (a gradient divide factor of 1,
+as torchtitan sets FSDP2's: `test_token_weighted_loss_summed`) (docs/models.md). Averaging each micro-batch's own
 mean instead is the bug transformers' Trainer had for years. Each cell (FULL_SHARD, NO_SHARD,
 SHARD_OPTIMIZER; gradients synced on every micro-batch or the last only) trains TokenLM
 (checks/support/knobs.py) two steps of three micro-batches per rank, two sequences of 1 to 9 tokens
@@ -66,6 +67,17 @@ def test_token_weighted_loss(ctx, impl, strategy, sync):
     gradients synced on every micro-batch or on the last only."""
     spec = ShardSpec(strategy=strategy, units=knobs.UNITS, mesh=ctx.mesh())
     knobs.train_token_weighted(ctx, impl, spec, TOKEN_RECIPES[sync], STEPS)
+
+
+@distributed(world_size=[2, 4])
+@pytest.mark.requires.with_args(lambda params: _token_needs(dict(params, sync="last")) | {"gradient_divide_factor"})
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+def test_token_weighted_loss_summed(ctx, impl, strategy):
+    """The same loss with the gradients summed over the ranks instead of averaged (gradient divide
+    factor 1, as torchtitan sets FSDP2's): the loss divided by the global count alone, with no
+    world-size correction, gives the same global token mean."""
+    spec = ShardSpec(strategy=strategy, units=knobs.UNITS, mesh=ctx.mesh(), gradient_divide_factor=1.0)
+    knobs.train_token_weighted(ctx, impl, spec, TOKEN_RECIPES["last"], STEPS)
 
 
 @distributed(world_size=[2, 4])
