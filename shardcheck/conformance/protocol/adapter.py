@@ -68,7 +68,8 @@ class Trainer(Protocol):
         """Forward, `recipe.loss_fn`, backward (scaled when the recipe scales the loss). Returns
         this rank's loss, detached. Called `recipe.accumulation_steps` times per step (one per
         micro-batch); gradients accumulate, and with `sync_each_micro_batch=False` only the last
-        call of a step communicates them."""
+        call of a step communicates them. With a token-weighted loss (`recipe.tokens`) the loss is
+        the micro-batch's sum divided by the step's global count (`begin_step`), and that is returned."""
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         """After `forward_backward`: {name: the full gradient} with names as in the unsharded model,
