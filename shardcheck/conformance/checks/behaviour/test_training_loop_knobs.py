@@ -22,7 +22,9 @@ micro-batches under SHARD_GRAD_OP (torch's test keeps parameters unsharded after
 reshard_after_forward=False), in parity with unsharded data-parallel training, and watches each
 micro-batch's collectives (knobs.CollectiveWatch): no gradient reduced while sync is off, gradients
 reduced whenever it is on (a backward marked not the last included), no parameter gathered again
-after a backward that kept them, and the update gathered afresh at the next step.
+after a backward that kept them, and the update gathered afresh at the next step. torch-fsdp1 reaches
+the `reshard_after_backward` cells through its own equivalent (SHARD_GRAD_OP inside no_sync() keeps
+the parameters unsharded by itself), the reference through reference_impl's `set_reshard_after_backward`.
 """
 
 from __future__ import annotations
