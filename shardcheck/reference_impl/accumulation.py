@@ -10,6 +10,10 @@ so after k micro-batches of which the first k-1 ran inside ``no_sync``
 which is what syncing every micro-batch gives (up to the order of the additions), for the price
 of holding full-size gradients between micro-batches.  FSDP1's ``no_sync`` and FSDP2's
 ``set_requires_gradient_sync(False)`` work the same way.
+
+``set_reshard_after_backward(root, False)`` keeps each unit's full parameters after backward for
+the next forward (no all-gather), as FSDP2's of that name; True again before a step's last backward,
+so that the step's update is gathered afresh (unsynced.py).
 """
 from __future__ import annotations
 
@@ -34,3 +38,10 @@ def no_sync(module: torch.nn.Module):
     finally:
         for u in found:
             u.sync = True
+
+
+def set_reshard_after_backward(module: torch.nn.Module, flag: bool) -> None:
+    """Whether the next backwards of every unit under ``module`` reshard the parameters (False: kept
+    gathered for the next forward)."""
+    for u in units(module, adopt=False):
+        u.reshard_after_backward = flag

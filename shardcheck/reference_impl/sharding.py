@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from shardcheck.compat import in_backward, innermost_saved_tensors_pack, set_grad
 from . import buffers, collectives as C
-from .unsynced import hold, merge_unsynced
+from .unsynced import gathered, hold, keep_or_reshard, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
 from .topology import ShardingStrategy, compute_device, groups_of
@@ -178,6 +178,8 @@ class Unit:
     saved_scope: Optional[contextlib.ExitStack] = None  # the forward's saved-tensors hooks
     sync: bool = True  # False inside no_sync(): backward holds gradients (accumulation.py)
     unsynced: Optional[list] = None  # full gradients summed over unsynced backwards
+    reshard_after_backward: bool = True  # False: backward keeps the full parameters for the next forward
+    kept: Optional[list] = None  # those full parameters (unsynced.py)
 
     def __repr__(self) -> str:
         return f"Unit({type(self.module).__name__}, {self.strategy.name}, {len(self.params)} params, root={self.is_root})"
@@ -231,7 +233,7 @@ class Unit:
             self.full = list(AllGather.apply(self, *shards))
         else:
             with torch.no_grad():
-                self.full = self.all_gather()
+                self.full = gathered(self)
         return self.full
 
     def reshard(self) -> None:
@@ -284,7 +286,7 @@ class Unit:
         unit's :meth:`AllGather.backward` frees them after their last use)."""
         if self.full is None:
             with torch.no_grad():
-                self.full = self.all_gather()
+                self.full = gathered(self)
         return self.full
 
     # -- 6. gradients -------------------------------------------------------------------------
@@ -303,7 +305,7 @@ class Unit:
         """Full gradients -> averaged shard gradients, accumulated into ``shard.grad``: one
         collective for all plain parameters (a missing gradient counts as zeros), then one per
         parameter with an all-gather extension."""
-        self.reshard()
+        keep_or_reshard(self)
         if not self.sync:
             return hold(self, grads)
         grads = merge_unsynced(self, grads)
@@ -354,7 +356,7 @@ class AllGather(torch.autograd.Function):
     def forward(ctx, unit: Unit, *shards):
         ctx.unit = unit
         ctx.set_materialize_grads(False)
-        fulls = unit.all_gather()
+        fulls = gathered(unit)
         ctx.mark_non_differentiable(*[f for f, s in zip(fulls, shards) if not s.requires_grad])
         return tuple(fulls)
 

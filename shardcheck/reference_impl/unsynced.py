@@ -1,6 +1,13 @@
-"""What a unit keeps between unsynced backwards (``no_sync``, accumulation.py): the sum of its full
-gradients, in the reduce dtype, on the unit (``unit.unsynced``), merged into the next synced
-backward's gradients before their one reduction (sharding.py, ``Unit.reduce_grads``)."""
+"""What a unit keeps between the micro-batches of a step (accumulation.py).
+
+Between unsynced backwards (``no_sync``): the sum of its full gradients, in the reduce dtype, on the
+unit (``unit.unsynced``), merged into the next synced backward's gradients before their one
+reduction (sharding.py, ``Unit.reduce_grads``).
+
+After a backward with ``unit.reshard_after_backward`` False (``set_reshard_after_backward``): its
+full parameters (``unit.kept``), which the next gather takes instead of all-gathering again; the
+backward that reshards (the step's last) keeps nothing, so the step's update is gathered afresh.
+"""
 
 from __future__ import annotations
 
@@ -32,3 +39,16 @@ def merge_unsynced(unit, grads) -> list:
         return list(grads)
     return [_add(h, None if g is None else g.to(h.dtype if h is not None else g.dtype))
             for h, g in zip(held, grads)]
+
+
+def keep_or_reshard(unit) -> None:
+    """After a backward: keep the full parameters for the next forward, or drop them."""
+    if not unit.reshard_after_backward and unit.full is not None:
+        unit.kept = [None if f is None else f.detach() for f in unit.full]
+    unit.reshard()
+
+
+def gathered(unit) -> list:
+    """The unit's full parameters: those a backward kept (then no longer kept), else all-gathered."""
+    kept, unit.kept = unit.kept, None
+    return kept if kept is not None else unit.all_gather()

@@ -24,7 +24,7 @@ class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     strategy = "NO_SHARD"  # the one strategy it answers (torch-zero: SHARD_OPTIMIZER)
     capabilities = TorchStyleAdapter.implied({"checkpoint", "checkpoint_reshard", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
         "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
-        "activation_checkpointing", "buffers", "compile"}
+        "activation_checkpointing", "buffers", "compile", "token_weighted_loss"}
 
     def prepare(self, model: nn.Module, spec: ShardSpec, recipe) -> nn.Module:
         """DDP needs to be told of parameters that get no gradient (`find_unused_parameters`), as its

@@ -26,6 +26,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "checkpoint_reshard", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile", "tensor_parallel", "gradient_divide_factor",
+        "token_weighted_loss", "reshard_after_backward", "is_last_backward",
     })
 
     def shard(self, model, spec: ShardSpec):
@@ -50,6 +51,13 @@ class ReferenceAdapter(TorchStyleAdapter):
 
     def no_sync(self, model):
         return ri.no_sync(model)
+
+    def set_reshard_after_backward(self, model, flag):
+        ri.set_reshard_after_backward(model, flag)
+
+    def set_is_last_backward(self, model, flag):
+        """reference_impl's reductions are synchronous: no backward leaves work pending for the last
+        one to wait on (FSDP2's finalize_backward), so the mark changes nothing."""
 
     def held_grads(self, model):
         return [g for u in ri.units(model) for g in (u.unsynced or []) if g is not None]

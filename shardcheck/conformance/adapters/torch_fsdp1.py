@@ -65,6 +65,7 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "meta_init", "checkpoint", "checkpoint_reshard", "activation_checkpointing", "buffers", "compile",
+        "token_weighted_loss", "reshard_after_backward",
     })
     variants = {"flat": "use_orig_params=False: each unit's parameters in one flat parameter"}
 
@@ -101,6 +102,20 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         for path, module in spec.unit_modules(model):
             _set(model, path, wrap(module, path))
         return wrap(model, "")
+
+    def prepare(self, model, spec: ShardSpec, recipe):
+        """Parameters kept unsharded between micro-batches (capability `reshard_after_backward`) are
+        FSDP1's own doing, with no switch: inside no_sync() a SHARD_GRAD_OP unit does not free them
+        after backward ("a heuristic to tradeoff higher memory for higher throughput":
+        _runtime_utils._should_free_in_backward), and the first synced backward frees them. Asked of
+        any other strategy or of synced micro-batches, it is unsupported."""
+        if not recipe.reshard_after_backward and (recipe.sync_each_micro_batch or spec.strategies != {"SHARD_GRAD_OP"}):
+            raise Unsupported("FSDP1 keeps parameters unsharded after backward only for SHARD_GRAD_OP inside no_sync() "
+                              "(_should_free_in_backward), with no switch of its own")
+        return self.shard(model, spec)
+
+    def set_reshard_after_backward(self, model, flag):
+        """Nothing to set: FSDP1 keeps them under no_sync() by itself (`prepare`)."""
 
     def no_sync(self, model):
         return model.no_sync()

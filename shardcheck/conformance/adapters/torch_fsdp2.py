@@ -7,6 +7,8 @@ all-reduced gradients) while parameters stay DTensors, so full_params, clip_grad
 scaler and mixed strategies work as for the sharded cases (`_composable.replicate` is a separate
 DDP-based code path that does not compose with `fully_shard` units or DTensor clipping).
 `ShardSpec.gradient_divide_factor` is `set_gradient_divide_factor` on every `fully_shard`ed module.
+The accumulation knobs are the root's `set_requires_gradient_sync` (no_sync), `set_reshard_after_backward`
+and `set_is_last_backward`, set before each micro-batch as torch's test_fully_shard_training does.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "mixed_precision", "per_unit_mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint", "checkpoint_reshard",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile",
-        "gradient_divide_factor",
+        "gradient_divide_factor", "token_weighted_loss", "reshard_after_backward", "is_last_backward",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
@@ -113,6 +115,12 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
             yield
         finally:
             model.set_requires_gradient_sync(True)
+
+    def set_reshard_after_backward(self, model, flag):
+        model.set_reshard_after_backward(flag)  # recurse=True: every fully_shard'ed module
+
+    def set_is_last_backward(self, model, flag):
+        model.set_is_last_backward(flag)
 
     def full_params(self, model):
         return full_tensors({n: p.detach() for n, p in model.named_parameters()})

@@ -174,6 +174,18 @@ mutant-scaler-refuses-fp16-grads      unscale_ refuses float16 gradients (fairsc
   (ScalerRefusesFp16Grads)            (the seed's sparse gradients are float16 too)                                       test_grad_scaler.py::test_scaling_unscaling_sparse
 mutant-scaler-inf-skips-low-grads     inf check skips gradients kept below their parameter's precision                    test_grad_scaler_low_grads.py::test_low_precision_grads_through_the_scaler
   (ScalerInfCheckSkipsLowPrecision)   exactly the cells [*-inf_on_one_rank]
+mutant-token-mean-per-micro-batch     token-weighted loss normalized per micro-batch (the micro-batch means averaged:     test_training_loop_knobs.py::test_token_weighted_loss
+  (TokenMeanPerMicroBatch)            transformers' Trainer before 4.46); exactly every cell
+mutant-token-count-local              token count of the rank's own micro-batches, not all-reduced (each rank's mean      test_training_loop_knobs.py::test_token_weighted_loss
+  (TokenCountLocal)                   averaged: transformers 4.46); exactly every cell
+mutant-reshard-flag-ignored           reshard_after_backward=False ignored: parameters gathered again every micro-batch   test_training_loop_knobs.py::test_accumulation_flags
+  (ReshardFlagIgnored)                exactly the cells [*-reshard_after_backward], [*-torch_pattern]
+mutant-kept-past-last-backward        parameters kept unsharded past a step's last backward (pre-step values computed     test_training_loop_knobs.py::test_accumulation_flags
+  (KeptPastLastBackward)              with); exactly the cells [*-reshard_after_backward], [*-torch_pattern]
+mutant-no-sync-reduces-twice          gradients reduced under no_sync and again, held, on the last micro-batch; exactly   test_training_loop_knobs.py::test_accumulation_flags
+  (NoSyncReducesTwice)                the cells [*-reshard_after_backward], [*-torch_pattern]
+mutant-last-backward-defers-reduction set_is_last_backward(False) taken as no gradient sync (reductions deferred to       test_training_loop_knobs.py::test_accumulation_flags
+  (LastBackwardDefersReduction)       the backward marked last); exactly the cells [*-last_backward]
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -231,6 +243,14 @@ from shardcheck.conformance.mutants.extensions import (
     ExtensionInstanceHooksIgnored,
     ExtensionLocalRowsRefused,
     ExtensionSizeUnchecked,
+)
+from shardcheck.conformance.mutants.knobs import (
+    KeptPastLastBackward,
+    LastBackwardDefersReduction,
+    NoSyncReducesTwice,
+    ReshardFlagIgnored,
+    TokenCountLocal,
+    TokenMeanPerMicroBatch,
 )
 from shardcheck.conformance.mutants.loop import (
     AccumulationOverwrite,
@@ -342,6 +362,12 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ReduceDtypeFromTrainable,
     UnsyncedHeldInParamDtype,
     ExtensionLocalRowsRefused,
+    TokenMeanPerMicroBatch,
+    TokenCountLocal,
+    ReshardFlagIgnored,
+    KeptPastLastBackward,
+    NoSyncReducesTwice,
+    LastBackwardDefersReduction,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

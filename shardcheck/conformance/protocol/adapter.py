@@ -68,7 +68,8 @@ class Trainer(Protocol):
         """Forward, `recipe.loss_fn`, backward (scaled when the recipe scales the loss). Returns
         this rank's loss, detached. Called `recipe.accumulation_steps` times per step (one per
         micro-batch); gradients accumulate, and with `sync_each_micro_batch=False` only the last
-        call of a step communicates them."""
+        call of a step communicates them. With a token-weighted loss (`recipe.tokens`) the loss is
+        the micro-batch's sum divided by the step's global count (`begin_step`), and that is returned."""
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
         """After `forward_backward`: {name: the full gradient} with names as in the unsharded model,
@@ -87,6 +88,12 @@ class Trainer(Protocol):
     # Optional, with the capability `requires_grad_changes`: set_requires_grad(self, names, flag) ->
     # None: between steps, the parameters named as in the unsharded model stop or start requiring
     # gradients, as `p.requires_grad_(flag)` does to the plain model (a fine-tuning schedule).
+    #
+    # Optional, with the capability `token_weighted_loss` (Recipe.tokens): begin_step(self,
+    # micro_batches) -> None, called before a step's first `forward_backward` with this rank's
+    # micro-batches of that step (all of them, as a loop that counts tokens fetches them ahead): the
+    # trainer counts their tokens and agrees the step's global count with the other data-parallel
+    # ranks (collective), by which each micro-batch's summed loss is then divided.
     #
     # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
     # engine state) whether it passed or not.

@@ -52,6 +52,14 @@ BEHAVIOUR = {
     "gradient_divide_factor": "ShardSpec.gradient_divide_factor f: the reduced gradient is the sum over every "
                               "data-parallel rank (replicate and shard dimensions together) divided by f instead "
                               "of by their number (FSDP2's set_gradient_divide_factor), on 1-D and 2-D meshes",
+    "token_weighted_loss": "Recipe.tokens: a token-weighted loss over padded micro-batches, the sum of per-token losses "
+                           "divided by the step's global count of target tokens (every rank's micro-batches, agreed "
+                           "before the first backward: Trainer.begin_step): the gradient of the global token mean",
+    "reshard_after_backward": "Recipe.reshard_after_backward=False: parameters kept unsharded after the backward of all "
+                              "but a step's last micro-batch, so later micro-batches gather nothing "
+                              "(FSDP2's set_reshard_after_backward)",
+    "is_last_backward": "Recipe.mark_last_backward: the engine is told which backward is a step's last (FSDP2's "
+                        "set_is_last_backward) and still reduces every backward whose gradient sync is on",
     "buffers": "module buffers (BatchNorm running statistics, non-persistent buffers) kept as DDP keeps them: "
                "broadcast from rank 0 before forward (DDP's broadcast_buffers)",
     "checkpoint": "Trainer.save(path) / load(path) in the engine's own format (resume at the same world size) "
@@ -101,7 +109,8 @@ def of_norm(norm_type: float) -> str:
 def of_loop(recipe) -> set[str]:
     """The capabilities a recipe's loop shape needs (spec.Recipe): accumulation, sync suppression,
     evaluation between steps, frozen parameters (per-parameter requires_grad: `orig_params`), unused
-    parameters, requires_grad changed between steps. Tied parameters need none: every trainer must train the model it is given."""
+    parameters, requires_grad changed between steps, and the knobs: a token-weighted loss, parameters
+    kept unsharded between micro-batches, the last backward marked. Tied parameters need none: every trainer must train the model it is given."""
     needed = set()
     if recipe.accumulation_steps > 1:
         needed.add("grad_accumulation")
@@ -115,6 +124,12 @@ def of_loop(recipe) -> set[str]:
         needed.add("unused_params")
     if recipe.requires_grad_at:
         needed |= {"requires_grad_changes", "orig_params"}
+    if recipe.tokens is not None:
+        needed.add("token_weighted_loss")
+    if not recipe.reshard_after_backward:
+        needed.add("reshard_after_backward")
+    if recipe.mark_last_backward:
+        needed.add("is_last_backward")
     return needed
 
 

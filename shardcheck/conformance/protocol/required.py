@@ -4,10 +4,11 @@ were wrong.
 
 A `TorchStyleAdapter` (the trainer is written once, from the adapter's API methods) needs `shard`,
 `full_params`, `full_grads`, and per capability: `clip_grad_norm_` to clip, `grad_scaler` to scale the
-loss, its own `no_sync` for `no_sync`, and the four checkpoint methods for `checkpoint`. Any other
+loss, its own `no_sync` for `no_sync` (`set_reshard_after_backward`, `set_is_last_backward` for the
+knobs of those names), and the four checkpoint methods for `checkpoint`. Any other
 adapter's trainer is checked where `trainer()`'s return annotation names its class: the `Trainer`
 methods (`forward_backward`, `full_grads`, `step`, `full_params`), `evaluate` for `eval_forward`,
-`set_requires_grad` for `requires_grad_changes`, and `save`, `load`, `full_state_dict`,
+`set_requires_grad` for `requires_grad_changes`, `begin_step` for `token_weighted_loss`, and `save`, `load`, `full_state_dict`,
 `full_optimizer_state` for `checkpoint`. A trainer class the annotation does not name is met only
 when a cell builds it.
 """
@@ -36,7 +37,11 @@ TORCH_STYLE_NEEDS = (("shard", "full_params", "full_grads"), (
 TRAINER_NEEDS = (TRAINER, (
     (_named("eval_forward"), ("evaluate",)),
     (_named("requires_grad_changes"), ("set_requires_grad",)),
+    (_named("token_weighted_loss"), ("begin_step",)),
     (_named("checkpoint"), CHECKPOINT_TRAINER)))
+# Loop knobs a TorchStyleAdapter maps onto its engine by overriding the base's refusal: capability -> method.
+TORCH_STYLE_OVERRIDES = {"no_sync": "no_sync", "reshard_after_backward": "set_reshard_after_backward",
+                         "is_last_backward": "set_is_last_backward"}
 
 
 def _needs(needs, capabilities) -> list[str]:
@@ -59,8 +64,8 @@ def missing(adapter) -> list[str]:
     caps = set(adapter.capabilities)
     if isinstance(adapter, TorchStyleAdapter):
         gaps = [f"{type(adapter).__name__}.{m}" for m in _needs(TORCH_STYLE_NEEDS, caps) if not callable(getattr(adapter, m, None))]
-        if "no_sync" in caps and type(adapter).no_sync is TorchStyleAdapter.no_sync:
-            gaps.append(f"{type(adapter).__name__}.no_sync (declared, not overridden)")
+        gaps += [f"{type(adapter).__name__}.{m} (declared, not overridden)" for c, m in TORCH_STYLE_OVERRIDES.items()
+                 if c in caps and getattr(type(adapter), m) is getattr(TorchStyleAdapter, m)]
         return gaps
     cls = trainer_class(adapter)
     if cls is None:

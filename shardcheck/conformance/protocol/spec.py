@@ -180,7 +180,25 @@ class Recipe:
     * `requires_grad_at`: a fine-tuning schedule, ((step i, parameter names, flag), ...): before
       step i's first forward (its evaluation included) those parameters' requires_grad becomes
       `flag` (`Trainer.set_requires_grad`): a unit frozen for the first steps and then unfrozen,
-      or the reverse. `frozen` is the state the trainer is given."""
+      or the reverse. `frozen` is the state the trainer is given.
+
+    Knobs of the loop (issue 60; each one a capability, protocol/capabilities.of_loop):
+
+    * `tokens` (capability `token_weighted_loss`): a token-weighted loss over padded micro-batches of
+      varying length. `loss_fn` then returns the SUM of the micro-batch's per-token losses and
+      `tokens(batch)` the number of target tokens it counts (its non-pad labels); the step's loss is
+      the sum over every rank's micro-batches divided by the step's global count
+      ``N = sum_r sum_j tokens(batch_rj)``, agreed across the data-parallel ranks before the first
+      backward (`Trainer.begin_step`): ``g = (1/N) sum_r sum_j grad(loss_rj)``, what one device
+      computes from the same tokens in one batch, whatever the ranks, micro-batches and padding.
+      Per-micro-batch means averaged are not this (transformers' Trainer before 4.46).
+      `forward_backward` returns the micro-batch's share ``loss_rj / N``.
+    * `reshard_after_backward`: False keeps the parameters unsharded after the backward of every
+      micro-batch but a step's last (FSDP2's `set_reshard_after_backward(False)`), so that the
+      later micro-batches gather nothing; the last one reshards (capability `reshard_after_backward`).
+    * `mark_last_backward`: the trainer tells the engine which backward is a step's last (FSDP2's
+      `set_is_last_backward(j == k)`): the engine finalizes its backward state then only, and
+      still reduces every backward whose gradient sync is on (capability `is_last_backward`)."""
 
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
     optimizer: Optimizer = Optimizer()
@@ -193,6 +211,9 @@ class Recipe:
     unused: tuple[str, ...] = ()
     tied: tuple[tuple[str, str], ...] = ()
     requires_grad_at: tuple[tuple[int, tuple[str, ...], bool], ...] = ()
+    tokens: Callable[[Any], Any] | None = None
+    reshard_after_backward: bool = True
+    mark_last_backward: bool = False
 
     def __post_init__(self) -> None:
         if self.accumulation_steps < 1 or self.eval_every < 0:

@@ -13,6 +13,15 @@ The loop around it (spec.Recipe) is written as users write it too: with k micro-
 is divided by k before backward, and when gradients are synced on the last micro-batch only, the
 first k-1 backwards run inside the adapter's `no_sync(model)` (FSDP1/DDP `no_sync()`, FSDP2
 `set_requires_gradient_sync(False)`); `evaluate` runs `model.eval()` under `torch.no_grad()`.
+
+The knobs (spec.Recipe): with `reshard_after_backward=False` each micro-batch starts with the
+adapter's `set_reshard_after_backward(model, last)`, with `mark_last_backward` with its
+`set_is_last_backward(model, last)`, as torch's own accumulation tests set FSDP2's flags before each
+micro-batch. A token-weighted loss (`tokens`) is written as users write it for an engine that
+averages gradients over the data-parallel ranks: `begin_step` all-reduces the step's token count N
+(a sum over the data-parallel ranks), and each micro-batch backpropagates ``loss * D / N`` where D is
+the engine's divisor (the number of data-parallel ranks, or the spec's gradient divide factor), so
+the averaged gradient is the global token mean; nothing is divided by the number of micro-batches.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from shardcheck.conformance.protocol.adapter import ParameterHolders, StepResult, evaluation_loss, materialize, on_meta
@@ -29,7 +39,7 @@ from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
 
 class TorchStyleTrainer:
     def __init__(self, adapter, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
-        self.adapter, self.recipe = adapter, recipe
+        self.adapter, self.recipe, self.spec = adapter, recipe, spec
         self.holders = ParameterHolders(model)  # before sharding (set_requires_grad)
         self.model = adapter.prepare(model, spec, recipe)
         if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
@@ -47,14 +57,31 @@ class TorchStyleTrainer:
                                               backoff_factor=ls.backoff_factor,
                                               growth_interval=ls.growth_interval)
 
+    def begin_step(self, micro_batches) -> None:
+        """Capability `token_weighted_loss`: the step's global token count N, summed over this
+        rank's micro-batches and all-reduced over the data-parallel ranks (before any backward)."""
+        count = torch.zeros((), dtype=torch.float64, device=self.spec.device)
+        for batch in micro_batches:
+            count += torch.as_tensor(self.recipe.tokens(batch), device=self.spec.device).to(torch.float64)
+        dist.all_reduce(count, group=data_parallel_group(self.spec))
+        self.tokens = count
+
     def forward_backward(self, batch) -> torch.Tensor:
-        k = self.recipe.accumulation_steps
+        recipe, k = self.recipe, self.recipe.accumulation_steps
         self.micro = getattr(self, "micro", 0) + 1
         last = self.micro % k == 0
-        quiet = not last and not self.recipe.sync_each_micro_batch
+        if recipe.mark_last_backward:
+            self.adapter.set_is_last_backward(self.model, last)
+        if not recipe.reshard_after_backward:
+            self.adapter.set_reshard_after_backward(self.model, last)
+        quiet = not last and not recipe.sync_each_micro_batch
         with self.adapter.no_sync(self.model) if quiet else contextlib.nullcontext():
-            loss = self.recipe.loss_fn(self.model, batch)
-            scaled = loss / k if k > 1 else loss
+            loss = recipe.loss_fn(self.model, batch)
+            if recipe.tokens is not None:  # the engine divides by D: multiply by it (module doc)
+                loss = loss / self.tokens.to(loss.dtype)
+                scaled = loss * (self.spec.gradient_divide_factor or data_parallel_size(self.spec))
+            else:
+                scaled = loss / k if k > 1 else loss
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss.detach()
 
@@ -142,6 +169,15 @@ class TorchStyleAdapter:
         `no_sync`); the next backward outside it reduces everything accumulated."""
         raise Unsupported(f"{self.name}: no sync suppression (no_sync) for gradient accumulation")
 
+    def set_reshard_after_backward(self, model: nn.Module, flag: bool) -> None:
+        """Capability `reshard_after_backward`: whether the next backward reshards the parameters
+        (False: they stay unsharded, and the next forward gathers nothing)."""
+        raise Unsupported(f"{self.name}: no switch to keep parameters unsharded between micro-batches")
+
+    def set_is_last_backward(self, model: nn.Module, flag: bool) -> None:
+        """Capability `is_last_backward`: whether the next backward is the step's last."""
+        raise Unsupported(f"{self.name}: no way to mark a step's last backward")
+
     def held_grads(self, model: nn.Module) -> list[torch.Tensor] | None:
         """Where this engine keeps the gradients summed across no_sync micro-batches (None: not
         observable, the default)."""
@@ -158,3 +194,22 @@ class TorchStyleAdapter:
         if "mixed_precision" in out:
             out |= {"mixed_precision_bf16", "mixed_precision_fp16"}
         return frozenset(out)
+
+
+def data_parallel_group(spec: ShardSpec):
+    """The process group of the data-parallel ranks a token count is summed over: the spec's 1-D mesh,
+    its "dp" dimension under tensor parallelism, else the default group (a 2-D (replicate, shard)
+    mesh spanning every rank)."""
+    if spec.mesh is None:
+        return None
+    mesh = spec.dp_mesh
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    if mesh.size() != dist.get_world_size():
+        raise Unsupported("a token count over a 2-D mesh that is a sub-group of the launch")
+    return None
+
+
+def data_parallel_size(spec: ShardSpec) -> int:
+    """How many data-parallel ranks an engine averages gradients over."""
+    return spec.dp_mesh.size() if spec.mesh is not None else dist.get_world_size()

@@ -13,7 +13,10 @@ micro-batch's loss is divided by k and its averaged gradient added to the step's
     g = sum_j (1/W) * sum_r grad(loss_rj / k)
 
 whether the candidate syncs every micro-batch or the last only (that changes its communication, not
-the result). Buffers follow DDP's `broadcast_buffers` rule: before a forward, every buffer takes rank
+the result). With a token-weighted loss (`recipe.tokens`: `loss_fn` a sum over the micro-batch's
+targets) `begin_step` all-reduces the step's count N of targets and the gradients are summed, not
+averaged: ``g = sum_j sum_r grad(loss_rj / N)`` (knobs.OneBatchReference computes the same from one
+batch on one device; tests/conformance/test_knob_yardsticks.py holds them to each other). Buffers follow DDP's `broadcast_buffers` rule: before a forward, every buffer takes rank
 0's value when the forward before it was a training forward whose gradients were synced (and before
 the very first), so BatchNorm's running statistics, updated by each rank's own batch, are rank 0's
 whenever the model is evaluated. A parameter no rank gives a gradient (frozen, unused) keeps None. `evaluate` is the
@@ -179,19 +182,31 @@ class DataParallelReference:
                 for low, p in zip(self.compute.parameters(), self.master.parameters()):
                     low.copy_(p)
 
+    def begin_step(self, micro_batches) -> None:
+        """A token-weighted loss: the step's count of targets, over every rank's micro-batches."""
+        count = torch.zeros((), dtype=torch.float64, device=next(self.master.parameters()).device)
+        for batch in micro_batches:
+            count += float(self.recipe.tokens(batch))
+        dist.all_reduce(count, group=self.group)
+        self.tokens = count
+
     def forward_backward(self, batch) -> torch.Tensor:
-        """One micro-batch: its averaged gradient of loss / k added to the step's (`self.summed`)."""
+        """One micro-batch: its averaged gradient of loss / k added to the step's (`self.summed`); with a
+        token-weighted loss, the gradient of loss / N summed over the ranks."""
         self._sync_compute()
         k = self.recipe.accumulation_steps
         self.compute.zero_grad(set_to_none=True)
         self.micro = getattr(self, "micro", 0) + 1
         self._buffers_before_forward(synced=self.recipe.sync_each_micro_batch or self.micro % k == 0)
         loss = self.recipe.loss_fn(self.compute, batch)
-        scaled = loss / k if k > 1 else loss
+        weighted = self.recipe.tokens is not None
+        if weighted:
+            loss = loss / self.tokens.to(loss.dtype)
+        scaled = loss / k if k > 1 and not weighted else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         grads = [None if low.grad is None else low.grad.to(r or low.grad.dtype)
                  for low, r in zip(self.compute.parameters(), self.reduce_dtypes)]
-        average_gradients_(grads, self.group, factor=self.divide_factor)
+        average_gradients_(grads, self.group, factor=1.0 if weighted else self.divide_factor)
         summed = getattr(self, "summed", None) or [None] * len(grads)
         self.summed = [s if g is None else g.to(d or p.dtype) if s is None else s + g.to(d or p.dtype)
                        for s, g, p, d in zip(summed, grads, self.master.parameters(), self.grad_dtypes)]

@@ -63,7 +63,8 @@ class _NoWatch:
 def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first: int = 0, watch=None) -> list:
     """Train `trainer` and `reference` on `batches` side by side (the recipe's requires_grad
     schedule applied to both before each step), comparing the evaluation loss
-    (when `recipe.eval_every` asks for one before the step), every micro-batch's loss, the full
+    (when `recipe.eval_every` asks for one before the step), every micro-batch's loss (after
+    `begin_step` on both sides, with the step's micro-batches, when the loss is token-weighted), the full
     gradients, the step's report and the full parameters after every step (numbered from `first` in
     messages); return the reference's StepResults. `watch` observes the trainer's phases and
     names the first broken boundary before the numbers are compared."""
@@ -78,6 +79,9 @@ def compare_steps(ctx, trainer, reference, recipe, batches, dtype=None, *, first
             with watch.during(i, "eval"):
                 loss = trainer.evaluate(micro[0])
             assert_close(ctx, loss.float(), reference.evaluate(micro[0]).float(), f"step {i} eval loss", dtype=dtype)
+        if recipe.tokens is not None:  # the step's token count, agreed before its first backward
+            trainer.begin_step(micro)
+            reference.begin_step(micro)
         for j, one in enumerate(micro):
             with watch.during(i, "forward_backward", j):
                 loss = trainer.forward_backward(one)
