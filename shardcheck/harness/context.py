@@ -13,6 +13,7 @@ import torch.distributed as dist
 from shardcheck.compat import all_gather_single
 from shardcheck.harness.digest import SIZE as DIGEST_SIZE
 from shardcheck.harness.digest import digest
+from shardcheck.errors import ShardcheckError
 
 # In thread mode every rank shares torch's global RNG; seeded sections take turns through this lock.
 _RNG_LOCK = threading.RLock()
@@ -30,7 +31,7 @@ def manual_seed(seed: int) -> None:
         torch.manual_seed(seed)
 
 
-class SeededCollective(RuntimeError):
+class SeededCollective(ShardcheckError, RuntimeError):
     """A collective inside `RankContext.seeded` in thread mode (it would never return)."""
 
 

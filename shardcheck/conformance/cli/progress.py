@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.expectations.manifest import NO_REASON
 from shardcheck.conformance.protocol.outcomes import BAD, MISSING_PROPERTY, NOT_REACHED, OUTCOMES, outcome_of, reason_of
 from shardcheck.conformance.report import coverage
@@ -293,7 +294,7 @@ class RunProgress:
                 self.console.print(f"  {line}", markup=False, soft_wrap=True)
 
     def exit_code(self, pytest_code: int, min_coverage: float = 0.0) -> int:
-        """pytest's code, except that a run with a failed or errored cell, an implementation that
+        """pytest's code as ours (exit_codes.of_pytest), except that a run with a failed or errored cell, an implementation that
         reached no cell at all (every cell skipped or unsupported), or one whose coverage is below
         `min_coverage` percent, is never 0 (a line on stderr names it)."""
         cover = self.coverage()
@@ -304,5 +305,5 @@ class RunProgress:
         for line in nothing + thin:
             print(line, file=sys.stderr)
         if pytest_code != 0:
-            return int(pytest_code)
-        return int(self.failed or bool(thin) or bool(nothing))
+            return codes.of_pytest(pytest_code)
+        return codes.FAILED if self.failed or thin or nothing else codes.OK

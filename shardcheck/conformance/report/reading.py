@@ -20,6 +20,7 @@ from pathlib import Path
 import jsonschema
 
 from shardcheck.conformance.report import compact, coverage
+from shardcheck.errors import UsageError
 
 SCHEMA = Path(__file__).with_name("schema.json")  # the version the writer writes
 # version 7 = version 6 with the optional `split` (a part of a split run, or the merge of its parts);
@@ -32,7 +33,7 @@ SCHEMA_VERSION = 7
 READS = (1, 2, 3, 4, 5, 6, 7)
 
 
-class ReportError(Exception):
+class ReportError(UsageError):
     """A report that cannot be read: the message is one line naming the file."""
 
 
