@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from typing import TextIO
 
 import pytest
 from rich import box
@@ -50,6 +51,7 @@ STATUS_OUTCOMES = BAD + tuple(o for o in OUTCOMES if o not in BAD + ("passed", "
 def _console() -> Console:
     """A console on a duplicate of the real stdout: pytest's fd capture swaps fd 1 while a test
     runs, and the live display refreshes from a thread at any time."""
+    stream: TextIO
     try:
         stream = open(os.dup(sys.stdout.fileno()), "w", buffering=1, closefd=True)  # noqa: SIM115
     except (AttributeError, OSError, ValueError):  # no real fd (stdout replaced, e.g. in-process)
