@@ -51,11 +51,11 @@ def merge(args) -> int:
     from shardcheck.conformance.report.reading import load, validate
 
     out = Path(args.output)
+    if refused := _refuse_unwritable(out):  # before anything is read
+        return refused
     parts = [(path, load(path)) for path in args.parts]  # a part that is no report: `shardcheck: ...`
     args.prog = "shardcheck report merge"  # parts that are no split run: its errors' one line (cli/main.py)
     report = joining.merge(parts, out)
-    if refused := _refuse_unwritable(out):
-        return refused
     if problem := validate(report):  # never write a report that fails the schema
         print(f"shardcheck report merge: cannot make a valid report: {problem}", file=sys.stderr)
         return codes.USAGE
@@ -77,6 +77,8 @@ def assemble(args) -> int:
         print(f"shardcheck: no such file: {lines}", file=sys.stderr)
         return codes.USAGE
     out = Path(args.output or (str(lines)[:-1] if lines.suffix == ".jsonl" else f"{lines}.json"))
+    if refused := _refuse_unwritable(out):  # before anything is read
+        return refused
     try:
         report = reporting.assemble(lines)
     except OSError as exc:  # a stream that cannot be read: what was given is not a stream
@@ -85,8 +87,6 @@ def assemble(args) -> int:
     if problem := validate(report):  # never write a report that fails the schema
         print(f"shardcheck: {lines}: cannot make a valid report: {problem}", file=sys.stderr)
         return codes.USAGE
-    if refused := _refuse_unwritable(out):
-        return refused
     reporting.write(report, out)
     print(f"shardcheck: report written to {out} ({len(report['cells'])} cells, "
           f"complete: {str(report['complete']).lower()})")
@@ -100,12 +100,12 @@ def upgrade(args) -> int:
     from shardcheck.conformance.report.reading import load
 
     source, out = Path(args.report), Path(args.output or args.report)
+    if source.is_file() and (refused := _refuse_unwritable(out)):  # before anything is read
+        return refused
     report = load(source)
     stream = reporting.stream_path(source)
     full_text = os.path.relpath(stream.absolute(), out.absolute().parent) if stream.is_file() else None
     before = source.stat().st_size
-    if refused := _refuse_unwritable(out):
-        return refused
     reporting.write(reporting.rewrite(report, full_text), out)
     after = out.stat().st_size
     print(f"shardcheck: {source} (schema version {report['schema_version']}, {before:,} bytes) written as "
