@@ -28,7 +28,7 @@ def pytest_sessionfinish(session):
 # pytest-xdist is installed, the small module that teaches `-n` the word `gpus` (with what it names).
 ENTRY = {"shardcheck", "shardcheck.pytest_plugin"}
 GPUS_WORD = {"shardcheck.harness", "shardcheck.harness.xdist_support", "shardcheck.harness.devices",
-             "shardcheck.harness.vocabulary"}
+             "shardcheck.harness.vocabulary", "shardcheck.errors"}  # errors: LeaseTimeout's base (it imports nothing)
 
 
 def _project_session(tmp_path, *args: str, test: str = PROJECT_TEST) -> tuple[subprocess.CompletedProcess, list[str]]:
