@@ -6,13 +6,15 @@ Adapters keep their own engine's release differences in their own module.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 __all__ = ["all_gather_single", "reduce_scatter_single", "set_grad", "innermost_saved_tensors_pack", "in_backward"]
 
 
-def all_gather_single(output, input, group=None, async_op=False):
+def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
     """``output = cat_r(input_r)`` (or its ``[ws, ...]`` stack) over the ranks of ``group``.
 
     torch 2.13 named it ``all_gather_single``; before, ``all_gather_into_tensor`` (deprecated since).

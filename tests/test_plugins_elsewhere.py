@@ -29,7 +29,7 @@ def pytest_sessionfinish(session):
 # that teaches `-n` the word `gpus` (with what it names).
 ENTRY = {"shardcheck", "shardcheck.pytest_plugin", "shardcheck.builtin_adapters"}
 GPUS_WORD = {"shardcheck.harness", "shardcheck.harness.xdist_support", "shardcheck.harness.devices",
-             "shardcheck.harness.vocabulary"}
+             "shardcheck.harness.vocabulary", "shardcheck.errors"}  # errors: LeaseTimeout's base (it imports nothing)
 
 
 def _project_session(tmp_path, *args: str, test: str = PROJECT_TEST) -> tuple[subprocess.CompletedProcess, list[str]]:

@@ -38,9 +38,21 @@ Where each concern lives:
     bench.py       per-test overhead of each mode: `python -m shardcheck.harness.bench`
 """
 
+from __future__ import annotations
+
 import importlib
+from typing import TYPE_CHECKING, Any, Sequence
 
 from shardcheck.harness.vocabulary import BACKENDS
+
+if TYPE_CHECKING:  # what a type checker reads (at runtime each name comes from its module on first use)
+    import pytest
+
+    from shardcheck.harness.context import RankContext
+    from shardcheck.harness.plan import HarnessUsageError
+    from shardcheck.harness.pool import preload
+    from shardcheck.harness.runner import run
+    from shardcheck.harness.verdict import Verdict
 
 __all__ = ["BACKENDS", "HarnessUsageError", "RankContext", "Verdict", "distributed", "preload", "run"]
 
@@ -50,13 +62,14 @@ _LAZY = {"RankContext": "shardcheck.harness.context", "HarnessUsageError": "shar
          "run": "shardcheck.harness.runner", "Verdict": "shardcheck.harness.verdict"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'shardcheck.harness' has no attribute {name!r}")
 
 
-def distributed(world_size=2, *, backend=None, timeout=None):
+def distributed(world_size: int | Sequence[int] = 2, *, backend: str | None = None,
+                timeout: float | None = None) -> pytest.MarkDecorator:
     """Mark a test to run on `world_size` ranks (an int, or a list: one pytest item per size).
 
     `backend` fixes the backend for this test (default: the session's --shardcheck-backend); `timeout` is the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -13,6 +13,10 @@ import torch.distributed as dist
 from shardcheck.compat import all_gather_single
 from shardcheck.harness.digest import SIZE as DIGEST_SIZE
 from shardcheck.harness.digest import digest
+from shardcheck.errors import ShardcheckError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 # In thread mode every rank shares torch's global RNG; seeded sections take turns through this lock.
 _RNG_LOCK = threading.RLock()
@@ -30,7 +34,7 @@ def manual_seed(seed: int) -> None:
         torch.manual_seed(seed)
 
 
-class SeededCollective(RuntimeError):
+class SeededCollective(ShardcheckError, RuntimeError):
     """A collective inside `RankContext.seeded` in thread mode (it would never return)."""
 
 
@@ -42,8 +46,8 @@ class RankContext:
     device: torch.device
     mode: str  # one of vocabulary.MODES
     group: Any = None  # the process group of this test's ranks; None means the default group
-    _records: list = field(default_factory=list, repr=False)
-    _meshes: dict = field(default_factory=dict, repr=False)
+    _records: list[Any] = field(default_factory=list, repr=False)
+    _meshes: dict[Any, DeviceMesh] = field(default_factory=dict, repr=False)
 
     @property
     def is_threaded(self) -> bool:
@@ -52,7 +56,7 @@ class RankContext:
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
-    def mesh(self, shape: int | tuple[int, ...] | None = None, names: tuple[str, ...] | None = None):
+    def mesh(self, shape: int | tuple[int, ...] | None = None, names: tuple[str, ...] | None = None) -> DeviceMesh:
         """A device mesh over this test's ranks (cached: sub-groups are built once per rank process)."""
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -67,7 +71,7 @@ class RankContext:
         return self._meshes[key]
 
     @contextlib.contextmanager
-    def seeded(self, seed: int):
+    def seeded(self, seed: int) -> Iterator[None]:
         """Run a block with torch's RNG seeded to `seed`: identical on every rank, in every mode.
 
         In thread mode the RNG is global to the process, so blocks take turns (no collectives inside).
@@ -82,7 +86,7 @@ class RankContext:
                 torch.default_generator.manual_seed(seed)
             yield
 
-    def _no_collective(self):
+    def _no_collective(self) -> contextlib.AbstractContextManager[Any]:
         """In thread mode a collective inside a seeded block waits forever for ranks that wait for
         the block's lock: it fails at once instead, naming the collective (on CUDA, DTensor's random
         ops broadcast a seed the first time: initialise `local_part(p)` there)."""
@@ -90,7 +94,7 @@ class RankContext:
             return contextlib.nullcontext()
         from shardcheck.harness.threads import tap_collectives
 
-        def refuse(method, args, backend):
+        def refuse(method: str, args: Any, backend: Any) -> NoReturn:
             raise SeededCollective(
                 f"a collective ({method}) inside ctx.seeded in thread mode: the ranks share one RNG, "
                 f"so seeded blocks take turns and this collective would wait forever for the others")

@@ -30,6 +30,7 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
+from shardcheck.errors import ShardcheckError
 
 ENV = "SHARDCHECK_DEVICE_GUARD"
 HOST, RANK = "host", "rank"
@@ -49,7 +50,7 @@ _THIS_FILE = __file__
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
-class DeviceMismatch(RuntimeError):
+class DeviceMismatch(ShardcheckError, RuntimeError):
     """A body mixed host and rank tensors in one operation (a GPU run raises here)."""
 
 

@@ -28,13 +28,14 @@ import tempfile
 import time
 
 from shardcheck.harness.vocabulary import LAUNCHES
+from shardcheck.errors import ShardcheckError
 
 FAKE_ENV = "SHARDCHECK_FAKE_GPUS"
 DIR_ENV = "SHARDCHECK_LEASE_DIR"
 POLL_S = 0.05
 
 
-class LeaseTimeout(RuntimeError):
+class LeaseTimeout(ShardcheckError, RuntimeError):
     pass
 
 

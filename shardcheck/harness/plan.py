@@ -14,9 +14,10 @@ from shardcheck.harness import cuda
 from shardcheck.harness.devices import thread_device_type
 from shardcheck.harness.launcher import LaunchEnv, detect
 from shardcheck.harness.vocabulary import BACKENDS, MODES
+from shardcheck.errors import UsageError
 
 
-class HarnessUsageError(ValueError):
+class HarnessUsageError(UsageError, ValueError):
     """Bad input from the user: reported as one clear line, never a traceback from inside torch."""
 
 

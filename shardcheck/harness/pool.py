@@ -25,6 +25,7 @@ from shardcheck.harness.task import RankResult, Task
 from shardcheck.harness.stacks import trim_stack
 from shardcheck.harness.waiting import unfinished, wait_for_ranks
 from shardcheck.harness.worker import rank_main
+from shardcheck.errors import ShardcheckError
 
 START_TIMEOUT_S = 120.0
 PRELOAD = ["torch", "torch.distributed", "shardcheck.harness.worker", "shardcheck.harness.task", "shardcheck.harness.context"]
@@ -63,11 +64,11 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class PoolStartError(RuntimeError):
+class PoolStartError(ShardcheckError, RuntimeError):
     pass
 
 
-class RankDiedIdle(RuntimeError):
+class RankDiedIdle(ShardcheckError, RuntimeError):
     """A rank died between tests (found when the next test was handed out): no body of the new
     test ran on any rank (they meet at the pool's gate first), so it can run again on fresh ranks."""
 

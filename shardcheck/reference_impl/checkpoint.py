@@ -33,12 +33,13 @@ import torch.nn as nn
 from . import collectives as C
 from .optimizer import ShardedOptimizer
 from .sharding import unit_of, units
+from shardcheck.errors import ShardcheckError
 
 FORMAT, VERSION = "reference_impl-checkpoint", 2
 META = "meta.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ShardcheckError, ValueError):
     """A checkpoint that cannot be loaded into this model: the message names the file or parameter."""
 
 

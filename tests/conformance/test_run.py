@@ -22,7 +22,9 @@ import torch
 import warm_python
 from rich.console import Console
 
+from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import main as cli
+from shardcheck.conformance.cli import run as run_command
 from shardcheck.conformance.report import reading
 from shardcheck.conformance.report import writer as reporting
 from shardcheck.harness import cuda
@@ -52,14 +54,14 @@ def _args(*impls, backend="gloo", launcher="none", **selection):
 
 
 @pytest.mark.parametrize("args, passthrough, expected", [
-    (_args(), [], cli.MAX_AUTO_WORKERS),                 # one implementation's whole matrix: a worker per core
+    (_args(), [], run_command.MAX_AUTO_WORKERS),                 # one implementation's whole matrix: a worker per core
     (_args(family="clip_grad"), [], 0),                  # a selection of its cells: in this process
     (_args(world_sizes=[2]), [], 0),
     (_args("reference", k="NO_SHARD"), [], 0),
     (_args("reference", "ddp", family="clip_grad"), [], 2),  # several implementations: workers all the same
     (_args("reference", "ddp"), [], 2),                  # several: a worker per core, at most one each
     (_args("reference", "ddp", "deepspeed"), [], 3),
-    (_args("all"), [], cli.MAX_AUTO_WORKERS),
+    (_args("all"), [], run_command.MAX_AUTO_WORKERS),
     (_args("all"), ["-n", "3"], 0),                      # `-- -n`: pytest-xdist's own option decides
     (_args("all"), ["-p", "no:xdist"], 0),
     (_args("all", backend="nccl"), [], 0),               # `-- -n gpus` leases the GPUs
@@ -67,9 +69,9 @@ def _args(*impls, backend="gloo", launcher="none", **selection):
 ])
 def test_auto_workers(args, passthrough, expected, monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert cli.workers_for(args, None, passthrough) == expected
+    assert run_command.workers_for(args, None, passthrough) == expected
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert cli.workers_for(args, None, passthrough) == min(expected, 2)
+    assert run_command.workers_for(args, None, passthrough) == min(expected, 2)
 
 
 def test_workers_is_a_number_or_auto(capsys):
@@ -222,7 +224,7 @@ def test_progress_counts_cells_and_only_failures_and_errors_fail_the_run():
           ("teardown", "passed"))
     _feed(progress, "test_b.py::unsupported", ("setup", "skipped", "unsupported: no offload"),
           ("teardown", "passed"))
-    assert progress.exit_code(0) == 0 and progress.exit_code(4) == 4
+    assert progress.exit_code(0) == codes.OK and progress.exit_code(4) == codes.USAGE  # pytest's usage error
     _feed(progress, "test_b.py::teardown_error", ("setup", "passed"), ("call", "passed"),
           ("teardown", "failed", "boom"))
     assert progress.by_outcome() == {"passed": 1, "xfailed": 1, "unsupported": 1, "error": 1}

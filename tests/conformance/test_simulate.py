@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import main as cli
 from shardcheck.conformance.simulate import default_ranks, simulate, simulate_rank
 from shardcheck.conformance.simulate import expected as E
@@ -97,16 +98,16 @@ def test_cli_writes_a_passing_report(tmp_path):
     assert report["summary"]["failed"] == 0 and report["step_ranks"] == [c[0] for c in classes]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "nope"], "unknown model preset 'nope'"),
-    (["--impl", "nope"], "unknown implementation 'nope'"),
-    (["--impl", "ddp"], "ddp does not declare full_shard: nothing to simulate through its trainer"),
-    (["--rank", "64"], "rank 64 is outside world size 64"),
-    (["--mesh", "4x8"], "mesh 4x8 has 32 ranks, not the world size 64"),
-    (["--mesh", "8by8"], "mesh must be REPLICATExSHARD"),
+@pytest.mark.parametrize("argv, message, code", [
+    (["--model", "nope"], "unknown model preset 'nope'", codes.UNKNOWN_NAME),
+    (["--impl", "nope"], "unknown implementation 'nope'", codes.UNKNOWN_NAME),
+    (["--impl", "ddp"], "ddp does not declare full_shard: nothing to simulate through its trainer", codes.USAGE),
+    (["--rank", "64"], "rank 64 is outside world size 64", codes.USAGE),
+    (["--mesh", "4x8"], "mesh 4x8 has 32 ranks, not the world size 64", codes.USAGE),
+    (["--mesh", "8by8"], "mesh must be REPLICATExSHARD", codes.USAGE),
 ])
-def test_bad_input_is_one_line(argv, message, capsys):
-    assert cli.main(["simulate", "--world-size", "64", "--model", "tiny", *argv]) == 2
+def test_bad_input_is_one_line(argv, message, code, capsys):
+    assert cli.main(["simulate", "--world-size", "64", "--model", "tiny", *argv]) == code
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
 

@@ -18,18 +18,21 @@ from importlib.metadata import entry_points
 from shardcheck.builtin_adapters import BUILTIN  # the built-in adapters' names and classes: data the entry point reads too
 from shardcheck.conformance.protocol import Adapter, required
 from shardcheck.conformance.protocol.capabilities import CAPABILITIES, unknown
+from shardcheck.errors import ADAPTER_IMPORT, UnknownName
 
 ENTRY_POINT_GROUP = "shardcheck.adapters"
 
 
-class UnknownAdapter(LookupError):
-    pass
+class UnknownAdapter(UnknownName):
+    """An implementation, variant or capability that names nothing: one line (exit status 4)."""
 
 
 class AdapterImportError(UnknownAdapter):
     """An adapter that cannot be built: its module raised while it was imported (any exception, an
     ImportError of a dependency included), its class or factory raised when called, or it lacks a
     method what it declares needs (protocol/required.py). The CLI's exit status 6."""
+
+    exit_status = ADAPTER_IMPORT
 
 
 _EXAMPLE = Path(__file__).parents[1] / "examples" / "allreduce_engine.py"  # ships with the package

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import sys
 from collections import Counter, defaultdict
 
 from shardcheck.conformance.cli import exit_codes as codes
+from shardcheck.conformance.cli.user_code import importable_from_cwd
+from shardcheck.errors import UnknownName
 
 STRATEGY_CAPABILITIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "shard_optimizer")
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("cells", help="the cells an adapter's declaration reaches, per family, strategy and "
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("cells", help="the cells an adapter's declaration reaches, per family, strategy and "
                                      "capability, and what each undeclared capability would add")
     p.add_argument("--impl", required=True, help="implementation (a built-in name, name[variant] or pkg.module:attr)")
     p.add_argument("--family", help="comma-separated check families (default: all)")
@@ -99,17 +99,11 @@ def main(args) -> int:
     from shardcheck.conformance import adapters
     from shardcheck.conformance.checks import FAMILIES
 
+    args.prog = "shardcheck cells"  # its errors' one line (cli/main.py)
     families = args.family.split(",") if args.family else list(FAMILIES)
     if unknown := sorted(set(families) - set(FAMILIES)):
-        print(f"shardcheck cells: unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}",
-              file=sys.stderr)
-        return codes.UNKNOWN_NAME
-    if os.getcwd() not in sys.path:  # pkg.module:attr from the project's folder, as `run` finds it
-        sys.path.insert(0, os.getcwd())
-    try:
-        adapter = adapters.load(args.impl)
-    except adapters.UnknownAdapter as exc:
-        print(f"shardcheck cells: {exc}", file=sys.stderr)
-        return codes.ADAPTER_IMPORT if isinstance(exc, adapters.AdapterImportError) else codes.UNKNOWN_NAME
+        raise UnknownName(f"unknown family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
+    importable_from_cwd()  # pkg.module:attr from the project's folder, as `run` finds it
+    adapter = adapters.load(args.impl)  # an unknown name or a broken adapter: its error, its status
     print("\n".join(table(adapter, collect(args.impl, families, args.world_sizes))))
     return codes.OK

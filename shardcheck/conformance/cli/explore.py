@@ -5,9 +5,12 @@
 
 draws whole training configurations, runs each on the rank pool against unsharded data-parallel
 training, shrinks a new failure to a minimal configuration and writes it, with its reproducer, to a
-JSON report (and one replay file per finding beside it). Exit code: 0 when nothing new turned up
-(known findings of the implementation's manifest do not count), 1 on a new finding (or, with
---replay, when the replayed configuration still fails), 2 on a usage error.
+JSON report (and one replay file per finding beside it). Exit code (cli/exit_codes.py): 0 when
+nothing new turned up (known findings of the implementation's manifest do not count), 1 on a new
+finding (or, with --replay, when the replayed configuration still fails); before anything runs: 2 a
+usage error (an option value, hypothesis not installed, a replay file or manifest that cannot be
+read), 3 an output path that cannot be written, 4 an unknown implementation, 6 an adapter that
+cannot be built.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+from shardcheck.conformance.cli import exit_codes as codes
+from shardcheck.conformance.cli.user_code import importable_from_cwd
+from shardcheck.errors import UsageError
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("explore", help="draw training configurations (hypothesis), compare each with "
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("explore", help="draw training configurations (hypothesis), compare each with "
                                        "unsharded data-parallel training, shrink failures")
     p.add_argument("--impl", action="append", help="implementation (repeatable; 'all'); default reference")
     p.add_argument("--budget", type=float, default=120.0, metavar="SECONDS",
@@ -43,23 +50,23 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     from shardcheck.conformance import explore as exploring
-    from shardcheck.conformance.adapters import UnknownAdapter, every_builtin, load
+    from shardcheck.conformance.adapters import every_builtin, load
+    from shardcheck.conformance.report.stream import unwritable
 
+    args.prog = "shardcheck explore"  # its errors' one line (cli/main.py)
     if not exploring.available():
         print(f"shardcheck explore: {exploring.MISSING}", file=sys.stderr)
-        return 2
-    from shardcheck.conformance.expectations.manifest import ManifestError
-
-    try:
-        sizes = world_sizes(args.world_sizes, args.backend)
-        if args.replay:
-            return replay(Path(args.replay), args.impl, args.backend)
-        names = [n for spec in (args.impl or ["reference"]) for n in (every_builtin()[0] if spec == "all" else [spec])]
-        impls = [load(n) for n in names]
-    except (UnknownAdapter, ManifestError, ValueError, OSError) as exc:
-        print(f"shardcheck explore: {exc}", file=sys.stderr)
-        return 2
+        return codes.USAGE
+    importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as run finds it
+    sizes = world_sizes(args.world_sizes, args.backend)
+    if args.replay:
+        return replay(Path(args.replay), args.impl, args.backend)
+    names = [n for spec in (args.impl or ["reference"]) for n in (every_builtin()[0] if spec == "all" else [spec])]
+    impls = [load(n) for n in names]  # an unknown name, a broken adapter or manifest: its error, its status
     out = Path(args.output or f"reports/local/explore-{'+'.join(names)}-{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.json")
+    if problem := unwritable(out, stream=False):  # said before exploring, not after it
+        print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
+        return codes.UNWRITABLE
     report = {"kind": "shardcheck-explore", "format": 1, "started": dt.datetime.now(dt.timezone.utc).isoformat(),
               "seed": args.seed, "backend": args.backend, "explore": []}
     new = 0
@@ -71,7 +78,7 @@ def main(args) -> int:
     write_findings(report, out)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"shardcheck explore: report written to {out}")
-    return 1 if new else 0
+    return codes.FAILED if new else codes.OK
 
 
 def world_sizes(text: str | None, backend: str) -> tuple[int, ...]:
@@ -80,7 +87,7 @@ def world_sizes(text: str | None, backend: str) -> tuple[int, ...]:
     parts = [s.strip() for s in text.split(",") if s.strip()]
     sizes = tuple(int(s) for s in parts if s.isdigit())
     if not sizes or len(sizes) != len(parts) or min(sizes) < 1:
-        raise ValueError(f"--world-sizes {text!r}: positive integers, e.g. 1,2,3,4")
+        raise UsageError(f"--world-sizes {text!r}: positive integers, e.g. 1,2,3,4")
     return sizes
 
 
@@ -149,11 +156,15 @@ def replay(path: Path, impls: list[str] | None, backend: str) -> int:
     from shardcheck.conformance.explore.findings import replay_targets
     from shardcheck.conformance.explore.run import run_example
 
+    try:
+        targets = replay_targets(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # not a finding file or report (JSON included)
+        raise UsageError(f"--replay {path}: {exc}") from None
     failing = 0
-    for name, config in replay_targets(path):
+    for name, config in targets:
         impl = load(impls[0] if impls else name)
         outcome = run_example(impl, config, backend)
         print(f"shardcheck explore --replay {path}: {impl.name}, world size {config.world_size}: {outcome.status}"
               + (f"\n{outcome.message}" if outcome.status == "failed" else ""))
         failing += outcome.status == "failed"
-    return 1 if failing else 0
+    return codes.FAILED if failing else codes.OK

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from typing import TextIO
 
 import pytest
 from rich import box
@@ -35,6 +36,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.expectations.manifest import NO_REASON
 from shardcheck.conformance.protocol.outcomes import BAD, MISSING_PROPERTY, NOT_REACHED, OUTCOMES, outcome_of, reason_of
 from shardcheck.conformance.report import coverage
@@ -49,6 +51,7 @@ STATUS_OUTCOMES = BAD + tuple(o for o in OUTCOMES if o not in BAD + ("passed", "
 def _console() -> Console:
     """A console on a duplicate of the real stdout: pytest's fd capture swaps fd 1 while a test
     runs, and the live display refreshes from a thread at any time."""
+    stream: TextIO
     try:
         stream = open(os.dup(sys.stdout.fileno()), "w", buffering=1, closefd=True)  # noqa: SIM115
     except (AttributeError, OSError, ValueError):  # no real fd (stdout replaced, e.g. in-process)
@@ -293,7 +296,7 @@ class RunProgress:
                 self.console.print(f"  {line}", markup=False, soft_wrap=True)
 
     def exit_code(self, pytest_code: int, min_coverage: float = 0.0) -> int:
-        """pytest's code, except that a run with a failed or errored cell, an implementation that
+        """pytest's code as ours (exit_codes.of_pytest), except that a run with a failed or errored cell, an implementation that
         reached no cell at all (every cell skipped or unsupported), or one whose coverage is below
         `min_coverage` percent, is never 0 (a line on stderr names it)."""
         cover = self.coverage()
@@ -304,5 +307,5 @@ class RunProgress:
         for line in nothing + thin:
             print(line, file=sys.stderr)
         if pytest_code != 0:
-            return int(pytest_code)
-        return int(self.failed or bool(thin) or bool(nothing))
+            return codes.of_pytest(pytest_code)
+        return codes.FAILED if self.failed or thin or nothing else codes.OK

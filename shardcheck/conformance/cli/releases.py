@@ -16,8 +16,9 @@ i % N + 1): N machines (a job array, a CI matrix) each make their own virtualenv
 `shardcheck matrix` reads the reports gathered from all of them (docs/splitting.md). A single run's
 cells are split with `-- --split K/N` instead (passed to `shardcheck run`; `shardcheck report merge`).
 
-Exit code: the worst of the runs' (0 all passed, 1 a failed cell, 2 an environment that could not be
-made or a run that could not start). It ends with the trend of its own runs (report/trend.py);
+Exit code (cli/exit_codes.py): the worst of the runs' (0 all passed, 1 a failed cell, 2 a bad pin,
+an environment that could not be made or a run that could not start: bad input to `shardcheck run`,
+whose own status each run's line shows). It ends with the trend of its own runs (report/trend.py);
 `shardcheck matrix OUT/*/*.json` shows the whole trend.
 """
 
@@ -31,13 +32,16 @@ import sys
 import time
 from pathlib import Path
 
+from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import splitting
+from shardcheck.errors import ShardcheckError
 
 DEFAULT_OUT = "reports/releases"
+NOT_STARTED = codes.USAGE  # this command's status for a release whose environment or run could not start
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("releases", help="run the matrix on several releases of torch (or of a package), "
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("releases", help="run the matrix on several releases of torch (or of a package), "
                                         "each in its own virtualenv; one report per release and implementation")
     p.add_argument("pins", nargs="+", metavar="PACKAGE==V1,V2,...",
                    help="a package and the releases to judge, e.g. torch==2.9.1,2.14.1 or accelerate==1.13.0")
@@ -121,8 +125,8 @@ def environment(envs: Path, package: str, version: str, wanted: list[str], insta
     return env
 
 
-class EnvironmentFailed(Exception):
-    pass
+class EnvironmentFailed(ShardcheckError):
+    """A release's virtualenv that could not be made (the installer's last line)."""
 
 
 def _call(argv: list[str]) -> None:
@@ -140,13 +144,19 @@ def summary(path: Path) -> str:
     return f"torch {report['target']['torch']}: {shown}"
 
 
-def main(args, passthrough: list[str]) -> int:
+def main(args) -> int:
+    """args: the parsed options and `passthrough` (what follows `--`: every `shardcheck run`'s arguments)."""
     try:
         todo = releases(args.pins)
     except ValueError as exc:
         print(f"shardcheck releases: {exc}", file=sys.stderr)
-        return 2
-    impls, worst, written = args.impl or ["reference"], 0, []
+        return codes.USAGE
+    from shardcheck.conformance.report.stream import unwritable
+
+    if problem := unwritable(Path(args.output) / "probe.json", stream=False):  # before any environment is made
+        print(f"shardcheck: -o/--output: cannot write the reports: {problem}", file=sys.stderr)
+        return codes.UNWRITABLE
+    impls, worst, written = args.impl or ["reference"], codes.OK, []
     if getattr(args, "split", None):
         todo = share(todo, args.split)
         print(f"shardcheck releases: share {args.split}: "
@@ -160,17 +170,17 @@ def main(args, passthrough: list[str]) -> int:
                               requirements(package, version, args.extra), args.installer)
         except EnvironmentFailed as exc:
             print(f"shardcheck releases: {package}=={version}: no environment: {exc}", file=sys.stderr)
-            worst = 2
+            worst = NOT_STARTED
             continue
         print(f"shardcheck releases: {package}=={version}: environment ready in "
               f"{time.monotonic() - started:.0f} s ({env})", flush=True)
         for impl in impls:
             out = Path(args.output) / f"{package}-{version}" / f"{impl}.json"
             argv = [str(env / "bin" / "python"), "-m", "shardcheck.conformance.cli", "run", "--impl", impl,
-                    "-o", str(out), *passthrough]
+                    "-o", str(out), *args.passthrough]
             out.unlink(missing_ok=True)  # a run that writes none must not be summed up by an earlier one
             code = subprocess.call(argv)
-            worst = max(worst, code if code in (0, 1) else 2)
+            worst = max(worst, code if code in (codes.OK, codes.FAILED) else NOT_STARTED)
             done = summary(out) if out.is_file() else "no report"
             written += [out] if out.is_file() else []
             print(f"shardcheck releases: {package}=={version} {impl}: exit {code}; {done}; {out}", flush=True)

@@ -45,6 +45,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from shardcheck.conformance.expectations import kinds
+from shardcheck.errors import UsageError
 
 HERE = Path(__file__).parent
 REQUIRED = {"cells", "reason", "repro", "error", "kind"}
@@ -52,8 +53,8 @@ EXPLORE_REQUIRED = {"facts", "error", "reason", "repro", "kind"}
 OPTIONAL = {"finding", "torch", "version", "variants", "document", "convention"}
 
 
-class ManifestError(ValueError):
-    pass
+class ManifestError(UsageError, ValueError):
+    """A manifest that cannot be read or holds an entry that is not well formed: one line."""
 
 
 def path_of(adapter) -> Path:

@@ -24,13 +24,14 @@ from hypothesis.errors import HypothesisException
 from shardcheck.conformance.explore import findings, strategies
 from shardcheck.conformance.explore.config import Config
 from shardcheck.conformance.explore.run import EXAMPLE_TIMEOUT_S, Outcome, run_example
+from shardcheck.errors import ShardcheckError
 
 
-class BudgetSpent(Exception):
+class BudgetSpent(ShardcheckError):
     """Raised inside the property once the time budget is gone (ends the round)."""
 
 
-class NewFailure(Exception):
+class NewFailure(ShardcheckError):
     def __init__(self, config: Config, outcome: Outcome) -> None:
         super().__init__(outcome.signature)
         self.config, self.outcome = config, outcome

@@ -2,23 +2,37 @@
 capability vocabulary, outcomes. Adapter authors import from here (see docs/adapters.md)."""
 
 import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker reads (at runtime each name comes from its module on first use)
+    from shardcheck.conformance.protocol.adapter import (Adapter, CheckpointingTrainer, ClosingTrainer,
+                                                         EvaluatingTrainer, FineTuningTrainer, ParameterHolders,
+                                                         StepResult, TokenCountingTrainer, TorchAPI, Trainer,
+                                                         evaluation_loss, materialize,
+                                                         on_meta)
+    from shardcheck.conformance.protocol.capabilities import API, BEHAVIOUR, CAPABILITIES, STRATEGIES
+    from shardcheck.conformance.protocol.outcomes import OUTCOMES, Unsupported
+    from shardcheck.conformance.protocol.spec import Clip, LossScale, MixedPrecision, Optimizer, Recipe, ShardSpec
+    from shardcheck.conformance.protocol.torch_style import TorchStyleAdapter, TorchStyleTrainer
 
 
-__all__ = ["API", "Adapter", "BEHAVIOUR", "CAPABILITIES", "Clip", "LossScale", "MixedPrecision",
+__all__ = ["API", "Adapter", "BEHAVIOUR", "CAPABILITIES", "CheckpointingTrainer", "Clip", "ClosingTrainer",
+           "EvaluatingTrainer", "FineTuningTrainer", "LossScale", "MixedPrecision",
            "OUTCOMES", "Optimizer", "ParameterHolders", "Recipe", "STRATEGIES", "ShardSpec", "StepResult", "TorchAPI",
-           "TorchStyleAdapter", "TorchStyleTrainer", "Trainer", "Unsupported", "evaluation_loss", "materialize",
+           "TokenCountingTrainer", "TorchStyleAdapter", "TorchStyleTrainer", "Trainer", "Unsupported", "evaluation_loss", "materialize",
            "on_meta"]
 
 # Each name from its module on first use (PEP 562): the pytest plugins import the light modules of
 # this package (outcomes, capabilities) in every session; torch comes with the adapter protocol.
-_HOME = {**dict.fromkeys(("Adapter", "ParameterHolders", "StepResult", "TorchAPI", "Trainer", "evaluation_loss", "materialize", "on_meta"), "adapter"),
+_HOME = {**dict.fromkeys(("Adapter", "CheckpointingTrainer", "ClosingTrainer", "EvaluatingTrainer", "FineTuningTrainer",
+                          "ParameterHolders", "StepResult", "TokenCountingTrainer", "TorchAPI", "Trainer", "evaluation_loss", "materialize", "on_meta"), "adapter"),
          **dict.fromkeys(("API", "BEHAVIOUR", "CAPABILITIES", "STRATEGIES"), "capabilities"),
          **dict.fromkeys(("OUTCOMES", "Unsupported"), "outcomes"),
          **dict.fromkeys(("Clip", "LossScale", "MixedPrecision", "Optimizer", "Recipe", "ShardSpec"), "spec"),
          **dict.fromkeys(("TorchStyleAdapter", "TorchStyleTrainer"), "torch_style")}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _HOME:
         return getattr(importlib.import_module(f"shardcheck.conformance.protocol.{_HOME[name]}"), name)
     raise AttributeError(f"module 'shardcheck.conformance.protocol' has no attribute {name!r}")

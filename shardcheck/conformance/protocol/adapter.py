@@ -13,7 +13,7 @@ guarded by an API capability (capabilities.API).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
@@ -42,13 +42,13 @@ class ParameterHolders:
         self.holders = {f"{path}.{attr}".lstrip("."): (module, attr) for path, module in model.named_modules()
                         for attr, p in module._parameters.items() if p is not None}
 
-    def set_requires_grad(self, names, flag: bool) -> None:
+    def set_requires_grad(self, names: Iterable[str], flag: bool) -> None:
         for name in names:
             module, attr = self.holders[name]
             getattr(module, attr).requires_grad_(flag)
 
 
-def evaluation_loss(model: nn.Module, loss_fn: Callable, batch: Any) -> torch.Tensor:
+def evaluation_loss(model: nn.Module, loss_fn: Callable[[nn.Module, Any], torch.Tensor], batch: Any) -> torch.Tensor:
     """An evaluation forward as users write it: `model.eval()`, no gradients, this rank's loss
     (detached), and the model back in training mode. What `Trainer.evaluate` does for an engine
     whose module is the model users call."""
@@ -82,33 +82,71 @@ class Trainer(Protocol):
     def full_params(self) -> dict[str, torch.Tensor]:
         """{name: the full float32 (master) parameter}. Collective."""
 
-    # Optional, with the capability `eval_forward`: evaluate(self, batch) -> Tensor: this rank's loss
-    # of `recipe.loss_fn` in eval mode without gradients (between steps); training goes on after it.
-    #
-    # Optional, with the capability `requires_grad_changes`: set_requires_grad(self, names, flag) ->
-    # None: between steps, the parameters named as in the unsharded model stop or start requiring
-    # gradients, as `p.requires_grad_(flag)` does to the plain model (a fine-tuning schedule).
-    #
-    # Optional, with the capability `token_weighted_loss` (Recipe.tokens): begin_step(self,
-    # micro_batches) -> None, called before a step's first `forward_backward` with this rank's
-    # micro-batches of that step (all of them, as a loop that counts tokens fetches them ahead): the
-    # trainer counts their tokens and agrees the step's global count with the other data-parallel
-    # ranks (collective), by which each micro-batch's summed loss is then divided.
-    #
-    # Optional: close(self) -> None, called once the check is done with the trainer (release hooks,
-    # engine state) whether it passed or not.
-    #
-    # Optional, with the capability `checkpoint` (docs/checkpoints.md), all collective:
-    #   save(self, path) -> None: write the model, optimizer and loss-scaler state into the directory
-    #     `path` (created if needed; nothing written outside it) in the engine's own format.
-    #   load(self, path) -> None: on a freshly built trainer (possibly at another world size), restore
-    #     what `save` wrote so that training continues the saved trajectory exactly; raise an error
-    #     naming what is wrong (missing file, truncated file, mismatched parameter) on every rank.
-    #   full_state_dict(self) -> dict[str, Tensor]: the consolidated state dict, on every rank, that
-    #     the plain unsharded model accepts with `load_state_dict(strict=True)`.
-    #   full_optimizer_state(self) -> dict[str, dict]: {parameter name: {state key: full value}} on
-    #     every rank, what the optimizer of the unsharded model would hold (Adam: step, exp_avg,
-    #     exp_avg_sq), compared right after a load with the uninterrupted run's.
+    # The optional methods, each with the capability that uses it: the protocols below. shardcheck
+    # finds them with hasattr/getattr (protocol/required.py checks them when the adapter loads); a
+    # trainer class that derives from the protocols of what its adapter declares (or is annotated
+    # with them) lets the author's type checker hold it to their signatures.
+
+
+class EvaluatingTrainer(Trainer, Protocol):
+    """A trainer of an adapter declaring `eval_forward`."""
+
+    def evaluate(self, batch: Any) -> torch.Tensor:
+        """This rank's loss of `recipe.loss_fn` in eval mode without gradients (between steps);
+        training goes on after it."""
+
+
+class FineTuningTrainer(Trainer, Protocol):
+    """A trainer of an adapter declaring `requires_grad_changes` (a fine-tuning schedule)."""
+
+    def set_requires_grad(self, names: Iterable[str], flag: bool) -> None:
+        """Between steps, the parameters named as in the unsharded model stop or start requiring
+        gradients, as `p.requires_grad_(flag)` does to the plain model (`ParameterHolders`)."""
+
+
+class TokenCountingTrainer(Trainer, Protocol):
+    """A trainer of an adapter declaring `token_weighted_loss` (Recipe.tokens)."""
+
+    def begin_step(self, micro_batches: Iterable[Any]) -> None:
+        """Called before a step's first `forward_backward` with this rank's micro-batches of that step
+        (all of them, as a loop that counts tokens fetches them ahead): the trainer counts their
+        tokens and agrees the step's global count with the other data-parallel ranks (collective), by
+        which each micro-batch's summed loss is then divided."""
+
+
+class ClosingTrainer(Trainer, Protocol):
+    """A trainer with something to release (any capability)."""
+
+    def close(self) -> None:
+        """Called once the check is done with the trainer (release hooks, engine state), whether it
+        passed or not."""
+
+
+class CheckpointingTrainer(Trainer, Protocol):
+    """A trainer of an adapter declaring `checkpoint` (docs/checkpoints.md); every method collective."""
+
+    def save(self, path: str) -> None:
+        """Write the model, optimizer and loss-scaler state into the directory `path` (created if
+        needed; nothing written outside it) in the engine's own format."""
+
+    def load(self, path: str) -> None:
+        """On a freshly built trainer (possibly at another world size), restore what `save` wrote so
+        that training continues the saved trajectory exactly; raise an error naming what is wrong
+        (missing file, truncated file, mismatched parameter) on every rank."""
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The consolidated state dict, on every rank, that the plain unsharded model accepts with
+        `load_state_dict(strict=True)`."""
+
+    def full_optimizer_state(self) -> dict[str, dict[str, Any]]:
+        """{parameter name: {state key: full value}} on every rank, what the optimizer of the
+        unsharded model would hold (Adam: step, exp_avg, exp_avg_sq), compared right after a load
+        with the uninterrupted run's."""
+
+
+def methods_of(protocol: type) -> tuple[str, ...]:
+    """The methods `protocol` itself declares (not those of the protocols it extends), in order."""
+    return tuple(name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_"))
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -127,8 +165,9 @@ def materialize(model: nn.Module, device: torch.device) -> nn.Module:
     for t in (*model.parameters(), *model.buffers()):
         t.zero_()
     for module in model.modules():
-        if hasattr(module, "reset_parameters") and not getattr(module, "parametrizations", None):
-            module.reset_parameters()
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset) and not getattr(module, "parametrizations", None):
+            reset()
     return model
 
 
@@ -167,32 +206,32 @@ class TorchAPI(Protocol):
     def clip_grad_norm_unit_(self, model: nn.Module, path: str, max_norm: float) -> torch.Tensor:
         """Call clip on the non-root unit at `path` (the implementation must refuse)."""
 
-    def grad_scaler(self, **kwargs) -> Any:
+    def grad_scaler(self, **kwargs: Any) -> Any:
         """A sharded grad scaler (torch.amp.GradScaler API, found_inf agreed across `process_group`).
         `kwargs`: `device`, `process_group` (always named: a default captured at import may be a
         process group that is gone) and GradScaler's `init_scale`, `growth_factor`, ..."""
 
-    def register_comm_hook(self, model: nn.Module, state: Any, hook: Callable, path: str = "") -> None:
+    def register_comm_hook(self, model: nn.Module, state: Any, hook: Callable[..., Any], path: str = "") -> None:
         """Register `hook` with `state` on the unit at `path` ("" is the root)."""
 
     def comm_hooks(self, model: nn.Module) -> list[tuple[Any, Any]]:
         """(hook, state) of every unit, root first; (None, None) where none is registered."""
 
-    def compression_hook(self, dtype: torch.dtype) -> tuple[Any, Callable]:
+    def compression_hook(self, dtype: torch.dtype) -> tuple[Any, Callable[..., Any]]:
         """The implementation's own (state, hook) that compresses gradients to `dtype`."""
 
     def local_shards(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """{name: the tensor that is all-gathered from}, for monkey-patching all-gather hooks."""
 
-    def save_checkpoint(self, model: nn.Module, optimizer, scaler, path: str) -> None:
+    def save_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, path: str) -> None:
         """Capability `checkpoint`: the engine's own save of model, optimizer and scaler (None
         without loss scaling) into the directory `path`. Collective."""
 
-    def load_checkpoint(self, model: nn.Module, optimizer, scaler, path: str) -> None:
+    def load_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, path: str) -> None:
         """Capability `checkpoint`: the engine's own load of what `save_checkpoint` wrote. Collective."""
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Capability `checkpoint`: the consolidated state dict of the unsharded model. Collective."""
 
-    def full_optimizer_state(self, model: nn.Module, optimizer) -> dict[str, dict]:
+    def full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
         """Capability `checkpoint`: {parameter name: {state key: full value}}. Collective."""

@@ -16,6 +16,11 @@ why for each capability it leaves out, in its manifest's `[unsupported]` table
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:  # spec imports torch; this vocabulary does not
+    from shardcheck.conformance.protocol.spec import Recipe
+
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "SHARD_OPTIMIZER")
 
 BEHAVIOUR = {
@@ -106,7 +111,7 @@ def of_norm(norm_type: float) -> str:
     return "clip_norm_inf" if norm_type == float("inf") else f"clip_norm_{int(norm_type)}"
 
 
-def of_loop(recipe) -> set[str]:
+def of_loop(recipe: Recipe) -> set[str]:
     """The capabilities a recipe's loop shape needs (spec.Recipe): accumulation, sync suppression,
     evaluation between steps, frozen parameters (per-parameter requires_grad: `orig_params`), unused
     parameters, requires_grad changed between steps, and the knobs: a token-weighted loss, parameters
@@ -133,6 +138,6 @@ def of_loop(recipe) -> set[str]:
     return needed
 
 
-def unknown(names) -> list[str]:
+def unknown(names: Iterable[str]) -> list[str]:
     """The names that are not in the vocabulary (a typo must not silently mean 'unsupported')."""
     return sorted(set(names) - set(CAPABILITIES))

@@ -32,5 +32,6 @@ class Documented:
 TORCH = Documented()
 
 
-def of(adapter) -> Documented:
-    return getattr(adapter, "documented", None) or TORCH
+def of(adapter: object) -> Documented:
+    documented: Documented | None = getattr(adapter, "documented", None)
+    return documented or TORCH

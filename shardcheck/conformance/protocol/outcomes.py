@@ -12,7 +12,12 @@ matrix; and `Unsupported`, the outcome's exception.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from pytest import TestReport
 
 OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "unsupported", "skipped")
 BAD = ("failed", "error")                 # what makes a run fail
@@ -25,7 +30,7 @@ PROPERTY = "shardcheck_outcome"  # the user property that carries a cell's outco
 MISSING_PROPERTY = "missing_capabilities"  # {capability: why not} of the capabilities an unsupported cell needed
 
 
-class Unsupported(pytest.skip.Exception):
+class Unsupported(pytest.skip.Exception):  # type: ignore[name-defined,misc]  # pytest's Skipped, as pytest names it
     """Raised by an adapter or a check when a cell needs a feature the implementation lacks.
 
     It travels like a skip (also from rank processes, where only its message survives), and the
@@ -41,23 +46,23 @@ def is_unsupported_message(text: str) -> bool:
     return _PREFIX in text
 
 
-def reason_of(report) -> str:
+def reason_of(report: TestReport) -> str:
     """Why a cell did not reach a verdict: its skip's text, without pytest's and Unsupported's prefixes."""
     text = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr or "")
     return text.removeprefix("Skipped: ").removeprefix(_PREFIX).strip()
 
 
-def outcome_of(report) -> str | None:
+def outcome_of(report: TestReport) -> str | None:
     """The cell's outcome that a pytest phase report decides, or None (a passed setup/teardown)."""
     marked = dict(getattr(report, "user_properties", ())).get(PROPERTY)
     if marked:
-        return marked
+        return str(marked)
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"
     if report.outcome == "skipped":
         return "unsupported" if is_unsupported_message(str(report.longrepr)) else "skipped"
     if report.when == "call":
-        return report.outcome
+        return str(report.outcome)
     if report.outcome == "failed":
         return "error"
     return None

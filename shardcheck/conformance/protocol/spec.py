@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -38,7 +38,7 @@ class ShardSpec:
     f = 1 reduces the sum)."""
 
     strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | SHARD_OPTIMIZER
-    units: tuple = ()
+    units: tuple[Any, ...] = ()  # module classes and paths
     unit_strategies: dict[str, str] = field(default_factory=dict)
     mixed_precision: MixedPrecision | None = None
     unit_mixed_precision: dict[str, MixedPrecision | None] = field(default_factory=dict)
@@ -65,7 +65,7 @@ class ShardSpec:
         return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
 
     @property
-    def dp_mesh(self):
+    def dp_mesh(self) -> Any:
         """The mesh the strategy shards over: the "dp" dimension under tensor parallelism, else `mesh`."""
         return self.mesh["dp"] if self.tensor_parallel else self.mesh
 
@@ -90,7 +90,7 @@ class ShardSpec:
         """The policy of the unit at `path` ("" for the root): its own, else the root's."""
         return self.unit_mixed_precision.get(path, self.mixed_precision) if path else self.mixed_precision
 
-    def policies(self, named_modules) -> dict[str, MixedPrecision | None]:
+    def policies(self, named_modules: Iterable[tuple[str, nn.Module]]) -> dict[str, MixedPrecision | None]:
         """{module path: the policy it computes under}: that of the innermost unit holding it, from
         `named_modules` ((path, module) pairs of the model as built, root included)."""
         pairs = list(named_modules)
@@ -111,7 +111,7 @@ class Optimizer:
     eps: float = 1e-8                # adam, adamw
     weight_decay: float = 0.0
 
-    def build(self, params) -> torch.optim.Optimizer:
+    def build(self, params: Any) -> torch.optim.Optimizer:
         """The torch optimizer (foreach off: one code path for sharded and unsharded tensors)."""
         return self.torch_class(params=params, **self.torch_kwargs())
 
@@ -219,7 +219,7 @@ class Recipe:
         if self.accumulation_steps < 1 or self.eval_every < 0:
             raise ValueError(f"accumulation_steps {self.accumulation_steps} < 1 or eval_every {self.eval_every} < 0")
 
-    def micro_batches(self, batch) -> list:
+    def micro_batches(self, batch: Any) -> list[Any]:
         """The micro-batches of one step: `batch` itself, or the k items of it when k > 1."""
         if self.accumulation_steps == 1:
             return [batch]

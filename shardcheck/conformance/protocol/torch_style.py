@@ -27,6 +27,7 @@ the averaged gradient is the global token mean; nothing is divided by the number
 from __future__ import annotations
 
 import contextlib
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -38,14 +39,16 @@ from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
 
 
 class TorchStyleTrainer:
-    def __init__(self, adapter, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
+    def __init__(self, adapter: Any, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
+        # adapter: a TorchStyleAdapter, whose API methods the step calls are its subclass's (TorchAPI's,
+        # each under its capability): Any to the type checker
         self.adapter, self.recipe, self.spec = adapter, recipe, spec
         self.holders = ParameterHolders(model)  # before sharding (set_requires_grad)
         self.model = adapter.prepare(model, spec, recipe)
         if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
             materialize(self.model, spec.device)
         self.optimizer = adapter.optimizer(self.model, spec, recipe)
-        self.scaler = None
+        self.scaler: Any = None  # torch.amp.GradScaler's API
         if recipe.loss_scale is not None:
             ls = recipe.loss_scale
             # The group named, as the api checks do: torch's ShardedGradScaler defaults to
@@ -57,7 +60,7 @@ class TorchStyleTrainer:
                                               backoff_factor=ls.backoff_factor,
                                               growth_interval=ls.growth_interval)
 
-    def begin_step(self, micro_batches) -> None:
+    def begin_step(self, micro_batches: Iterable[Any]) -> None:
         """Capability `token_weighted_loss`: the step's global token count N, summed over this
         rank's micro-batches and all-reduced over the data-parallel ranks (before any backward)."""
         count = torch.zeros((), dtype=torch.float64, device=self.spec.device)
@@ -66,7 +69,7 @@ class TorchStyleTrainer:
         dist.all_reduce(count, group=data_parallel_group(self.spec))
         self.tokens = count
 
-    def forward_backward(self, batch) -> torch.Tensor:
+    def forward_backward(self, batch: Any) -> torch.Tensor:
         recipe, k = self.recipe, self.recipe.accumulation_steps
         self.micro = getattr(self, "micro", 0) + 1
         last = self.micro % k == 0
@@ -76,7 +79,7 @@ class TorchStyleTrainer:
             self.adapter.set_reshard_after_backward(self.model, last)
         quiet = not last and not recipe.sync_each_micro_batch
         with self.adapter.no_sync(self.model) if quiet else contextlib.nullcontext():
-            loss = recipe.loss_fn(self.model, batch)
+            loss: torch.Tensor = recipe.loss_fn(self.model, batch)
             if recipe.tokens is not None:  # the engine divides by D: multiply by it (module doc)
                 loss = loss / self.tokens.to(loss.dtype)
                 scaled = loss * (self.spec.gradient_divide_factor or data_parallel_size(self.spec))
@@ -85,7 +88,7 @@ class TorchStyleTrainer:
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss.detach()
 
-    def set_requires_grad(self, names, flag: bool) -> None:
+    def set_requires_grad(self, names: Iterable[str], flag: bool) -> None:
         """What a fine-tuning schedule does between steps: `p.requires_grad_(flag)` on the
         parameters the user's modules hold under `names` (capability `requires_grad_changes`)."""
         self.holders.set_requires_grad(names, flag)
@@ -93,14 +96,15 @@ class TorchStyleTrainer:
     def held_grads(self) -> list[torch.Tensor] | None:
         """The gradients a no_sync micro-batch left for the last one to reduce, where the adapter
         can show them (None: not observable): the dtype contract reads their dtype."""
-        return self.adapter.held_grads(self.model)
+        held: list[torch.Tensor] | None = self.adapter.held_grads(self.model)
+        return held
 
-    def evaluate(self, batch) -> torch.Tensor:
+    def evaluate(self, batch: Any) -> torch.Tensor:
         """The loss in eval mode without gradients; the model is put back in training mode."""
         return evaluation_loss(self.model, self.recipe.loss_fn, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor | None]:
-        grads = self.adapter.full_grads(self.model)
+        grads: dict[str, torch.Tensor | None] = self.adapter.full_grads(self.model)
         if self.scaler is None:
             return grads
         inv = 1.0 / self.scaler.get_scale()
@@ -130,17 +134,19 @@ class TorchStyleTrainer:
 
     # Capability `checkpoint`: the adapter's save_checkpoint / load_checkpoint / full_state_dict /
     # full_optimizer_state.
-    def save(self, path) -> None:
+    def save(self, path: str) -> None:
         self.adapter.save_checkpoint(self.model, self.optimizer, self.scaler, str(path))
 
-    def load(self, path) -> None:
+    def load(self, path: str) -> None:
         self.adapter.load_checkpoint(self.model, self.optimizer, self.scaler, str(path))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.adapter.full_state_dict(self.model)
+        state: dict[str, torch.Tensor] = self.adapter.full_state_dict(self.model)
+        return state
 
-    def full_optimizer_state(self) -> dict[str, dict]:
-        return self.adapter.full_optimizer_state(self.model, self.optimizer)
+    def full_optimizer_state(self) -> dict[str, dict[str, Any]]:
+        state: dict[str, dict[str, Any]] = self.adapter.full_optimizer_state(self.model, self.optimizer)
+        return state
 
 
 class TorchStyleAdapter:
@@ -148,6 +154,12 @@ class TorchStyleAdapter:
 
     Behaviour capabilities that follow from API ones need not be repeated: a torch-style adapter with
     `clip_grad_norm` clips with any norm type, and one with `sharded_grad_scaler` scales the loss."""
+
+    # Declared for the type checker alone (no attribute at runtime, so that one an adapter lacks is
+    # still found when it loads: protocol/required.py): the adapter's name, and the API method the
+    # step shards with. The others it implements are TorchAPI's (protocol/adapter.py).
+    name: str
+    shard: Callable[[nn.Module, ShardSpec], nn.Module]
 
     def trainer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> TorchStyleTrainer:
         return TorchStyleTrainer(self, model, spec, recipe)
@@ -157,14 +169,14 @@ class TorchStyleAdapter:
         find_unused_parameters for `recipe.unused`) overrides this."""
         return self.shard(model, spec)
 
-    def optimizer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe):
+    def optimizer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> Any:
         """The optimizer the step uses over the sharded `model`: the recipe's torch optimizer by default.
         An engine whose optimizer wraps another (torch's ZeroRedundancyOptimizer, SHARD_OPTIMIZER)
         returns its own; the step needs of it what torch.amp.GradScaler and users need: `step()`,
         `zero_grad(set_to_none=True)` and `param_groups` over the parameters whose `.grad` it steps."""
         return recipe.optimizer.build(model.parameters())
 
-    def no_sync(self, model: nn.Module):
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """A context in which backward accumulates gradients without communicating them (capability
         `no_sync`); the next backward outside it reduces everything accumulated."""
         raise Unsupported(f"{self.name}: no sync suppression (no_sync) for gradient accumulation")

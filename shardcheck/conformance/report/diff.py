@@ -86,15 +86,16 @@ def render(changes: list[Change], console: Console) -> None:
     console.print(summary(changes), highlight=False)
 
 
-def main(args) -> int:
-    """The `shardcheck diff` subcommand (args: old, new): exit 1 on a regression, and when either
-    report is incomplete (an interrupted or crashed run: its missing cells would read as vanished)."""
-    old, new = matrix.load(args.old), matrix.load(args.new)
+def compare(old_path, new_path) -> bool:
+    """What `shardcheck diff OLD NEW` prints (shardcheck/conformance/cli/diff.py): whether the comparison
+    is clean: no regression, and both reports complete (an interrupted or crashed run's missing cells
+    would read as vanished)."""
+    old, new = matrix.load(old_path), matrix.load(new_path)
     changes = diff(old, new)
     width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 160))  # CI logs are wide
     render(changes, Console(width=width))
-    incomplete = [(path, report) for path, report in ((args.old, old), (args.new, new)) if not report["complete"]]
+    incomplete = [(path, report) for path, report in ((old_path, old), (new_path, new)) if not report["complete"]]
     for path, report in incomplete:
         print(f"shardcheck diff: {path} is incomplete (an interrupted or crashed run, "
               f"{len(report['cells'])} cells finished): this comparison is not clean", file=sys.stderr)
-    return 1 if incomplete or any(c.kind == "regressed" for c in changes) else 0
+    return not incomplete and not any(c.kind == "regressed" for c in changes)

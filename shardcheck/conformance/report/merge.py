@@ -16,10 +16,13 @@ import os
 from pathlib import Path
 
 from shardcheck.conformance.report import writer
+from shardcheck.errors import PARTS, ShardcheckError
 
 
-class PartsError(Exception):
+class PartsError(ShardcheckError):
     """Parts that do not join into one run: the message is one line."""
+
+    exit_status = PARTS
 
 
 def _who(report: dict) -> tuple:

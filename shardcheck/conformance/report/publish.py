@@ -12,8 +12,9 @@ from shardcheck.conformance.report import footprints
 from shardcheck.conformance.report.matrix import load, markdown, merge
 
 
-def main(args) -> int:
-    """The `shardcheck matrix` subcommand (args: reports, markdown, html)."""
+def write(args) -> None:
+    """What `shardcheck matrix` was asked for (args: reports, markdown, html, memory_chart; the command
+    itself, its parser and exit status: shardcheck/conformance/cli/matrix.py)."""
     from shardcheck.conformance.report import page  # matplotlib: only for the HTML page
 
     reports = [load(path) for path in args.reports]
@@ -36,4 +37,3 @@ def main(args) -> int:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(render(reports))
             print(f"shardcheck: matrix written to {path}")
-    return 0

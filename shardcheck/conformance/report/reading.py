@@ -21,6 +21,7 @@ from pathlib import Path
 import jsonschema
 
 from shardcheck.conformance.report import compact, coverage
+from shardcheck.errors import UsageError
 
 SCHEMA = Path(__file__).with_name("schema.json")  # the version the writer writes
 # version 7 = version 6 with the optional `split` (a part of a split run, or the merge of its parts);
@@ -33,7 +34,7 @@ SCHEMAS = {SCHEMA_VERSION: SCHEMA, **{v: SCHEMA.with_name(f"schema-v{v}.json") f
 READS = (1, *sorted(SCHEMAS))
 
 
-class ReportError(Exception):
+class ReportError(UsageError):
     """A report that cannot be read: the message is one line naming the file."""
 
 

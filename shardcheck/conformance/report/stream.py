@@ -9,9 +9,10 @@ import fcntl
 import io
 import os
 from pathlib import Path
+from shardcheck.errors import UsageError
 
 
-class StreamError(ValueError):
+class StreamError(UsageError, ValueError):
     """A JSON-lines file that holds no report (empty, no header, not UTF-8): one line."""
 
 

@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .options import PRESETS, Preset
+from shardcheck.errors import UnknownName
 
 
 class Block(nn.Module):
@@ -99,9 +100,13 @@ class Transformer(nn.Module):
         return torch.zeros(self.preset.batch, self.preset.seq, dtype=torch.long, device=device)
 
 
+class UnknownPreset(UnknownName, ValueError):
+    """A --model that names no preset (exit status 4, as an unknown implementation)."""
+
+
 def build(name: str, device="meta") -> Transformer:
     if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose from {', '.join(PRESETS)}")
+        raise UnknownPreset(f"unknown model preset {name!r}; choose from {', '.join(PRESETS)}")
     with torch.device(device):
         return Transformer(PRESETS[name])
 

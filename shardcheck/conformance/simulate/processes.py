@@ -21,9 +21,10 @@ from typing import Any, Callable, Sequence
 from shardcheck.harness import collector
 from shardcheck.harness.devices import usable_cpus
 from shardcheck.harness.worker import die_with
+from shardcheck.errors import ShardcheckError
 
 
-class RankProcessDied(RuntimeError):
+class RankProcessDied(ShardcheckError, RuntimeError):
     """A simulated rank's process ended without a result (killed, out of memory, a C++ abort)."""
 
 

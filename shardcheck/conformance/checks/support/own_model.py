@@ -35,11 +35,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardcheck.conformance.checks.support.workloads import Workload
+from shardcheck.errors import UsageError
 
 BATCH, SEQ, IMAGE = 2, 8, 16
 
 
-class OwnModelError(ValueError):
+class OwnModelError(UsageError, ValueError):
     """The user's model cannot be judged as given: one line saying what is wrong."""
 
 

@@ -10,7 +10,10 @@ collectives' groups: runner.py, which reads their layouts); every registered imp
 included with `--trainer`, runs through its own trainer, measured and judged like the family sharding
 (trainers.py).
 
-Exit code: 0 when every verdict cell passed, 1 when one failed, 2 on bad input.
+Exit code (cli/exit_codes.py): 0 when every verdict cell passed, 1 when one failed; bad input, before
+anything is simulated: 2 an option value (world size, rank, mesh), 3 an output path that cannot be
+written, 4 an unknown implementation or model preset, 6 an adapter that cannot be built.
+The simulation's modules are in shardcheck/conformance/simulate/.
 """
 from __future__ import annotations
 
@@ -18,11 +21,15 @@ import json
 import sys
 from pathlib import Path
 
+from shardcheck.conformance.cli import exit_codes as codes
+from shardcheck.conformance.cli.user_code import importable_from_cwd
+from shardcheck.errors import ShardcheckError, UsageError
 
-def add_parser(sub) -> None:
-    from .options import LAYOUT_CHECKED, PRESETS, STEP_MODES
 
-    p = sub.add_parser("simulate", help="check shard shapes, bytes per rank and collectives at a large "
+def add_parser(subparsers) -> None:
+    from shardcheck.conformance.simulate.options import LAYOUT_CHECKED, PRESETS, STEP_MODES
+
+    p = subparsers.add_parser("simulate", help="check shard shapes, bytes per rank and collectives at a large "
                                         "world size, on this machine (fake process group, meta tensors; a process per simulated rank)")
     p.add_argument("--impl", default="reference",
                    help=f"any registered implementation (default reference); {', '.join(LAYOUT_CHECKED)} are also "
@@ -45,15 +52,15 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from shardcheck.conformance.adapters import UnknownAdapter
     from shardcheck.conformance.report.stream import unwritable
 
     problem = unwritable(Path(args.output), stream=False) if args.output else None
     if problem:  # said before the simulation, not after it
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
-        return 3  # shardcheck.conformance.cli.exit_codes.UNWRITABLE
-    from . import runner, trainers
-    from .impls import SIMULATORS
+        return codes.UNWRITABLE
+    importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as run finds it
+    from shardcheck.conformance.simulate import runner, trainers  # torch's fake process group: only here
+    from shardcheck.conformance.simulate.impls import SIMULATORS
 
     through_trainer = args.trainer or args.impl not in SIMULATORS
     try:
@@ -61,13 +68,14 @@ def main(args) -> int:
             report = trainers.simulate(args.impl, args.world_size, args.model, args.ranks, args.mesh)
         else:
             report = runner.simulate(args.impl, args.world_size, args.model, args.ranks, args.step, args.mesh)
-    except (ValueError, ImportError, UnknownAdapter) as exc:
-        print(f"shardcheck: {exc}", file=sys.stderr)
-        return 2
+    except ShardcheckError:
+        raise  # ours (an unknown implementation or preset): its own status
+    except (ValueError, ImportError) as exc:  # an option value the simulation refuses: a usage error
+        raise UsageError(str(exc)) from None
     print((trainers if through_trainer else runner).human_summary(report))
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1) + "\n")
         print(f"shardcheck: report written to {out}")
-    return 1 if report["summary"]["failed"] else 0
+    return codes.FAILED if report["summary"]["failed"] else codes.OK
