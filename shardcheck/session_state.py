@@ -57,3 +57,11 @@ STATE = pytest.StashKey[SessionState]()
 def of(config) -> SessionState:
     """The session's state, made on first use."""
     return config.stash.setdefault(STATE, SessionState())
+
+
+def harness_of(config) -> Harness:
+    """The harness's options, set when its plugin is configured (every hook that reads them runs later)."""
+    harness = of(config).harness
+    if harness is None:
+        raise RuntimeError("shardcheck's harness options were read before its plugin was configured")
+    return harness

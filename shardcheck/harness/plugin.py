@@ -28,7 +28,7 @@ from shardcheck.harness.launcher import detect
 from shardcheck.harness.plan import HarnessUsageError, Plan, check_backend, check_world_size, choose_mode, make_plan
 from shardcheck.harness.task import Task, takes_ctx
 from shardcheck.harness.verdict import Verdict, not_started
-from shardcheck.session_state import Harness, of
+from shardcheck.session_state import Harness, harness_of, of
 
 MARKER = "distributed"
 PLAN = pytest.StashKey[Plan]()  # a distributed item's plan, made at setup
@@ -73,7 +73,7 @@ def _preload(config) -> None:
     ranks forked from this process (pools) or run in it (threads); not for a launcher's rank (no
     rank is forked from it; what its tests need, they import)."""
     state = of(config)
-    if state.preloaded or state.harness.launch is not None:
+    if state.preloaded or harness_of(config).launch is not None:
         return
     from shardcheck.harness.pool import preload
 
@@ -92,7 +92,7 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
-    launch = of(session.config).harness.launch
+    launch = harness_of(session.config).launch
     if launch is not None and launch.rank != 0:  # only rank 0 reports under torchrun/srun
         reporter = session.config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:  # keep the plugin (others use it), silence its output
@@ -106,10 +106,10 @@ def pytest_report_header(config):
     lines = []
     state = of(config)
     if state.asked:
-        launch = state.harness.launch
+        launch = harness_of(config).launch
         where = (f"{launch.launcher} rank {launch.rank}/{launch.world_size}" if launch
                  else config.getoption("shardcheck_launch"))
-        lines.append(f"shardcheck harness: backend={','.join(state.harness.backends)} launch={where}")
+        lines.append(f"shardcheck harness: backend={','.join(harness_of(config).backends)} launch={where}")
     gpus = xdist_support.header_line()
     return lines + [gpus] if gpus else lines or None
 
@@ -151,7 +151,7 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-    keep = of(config).harness.sizes
+    keep = harness_of(config).sizes
     if keep is None:
         return
     selected, deselected = [], []
@@ -173,7 +173,7 @@ def _backends_for(marker, config) -> list[str]:
     fixed = marker.kwargs.get("backend")
     if fixed:
         return [fixed] if isinstance(fixed, str) else list(fixed)
-    return list(of(config).harness.backends)
+    return list(harness_of(config).backends)
 
 
 def _backend(item) -> str:
@@ -189,7 +189,7 @@ def _deadline(item) -> float:
 
 def _times_itself(item) -> bool:
     """The harness enforces the limit of distributed tests it runs (not under torchrun/srun)."""
-    return item.get_closest_marker(MARKER) is not None and of(item.config).harness.launch is None
+    return item.get_closest_marker(MARKER) is not None and harness_of(item.config).launch is None
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -204,7 +204,7 @@ def pytest_timeout_set_timer(item, settings):
 def _make_plan(item) -> Plan:
     backend = _backend(item)
     mode = choose_mode(backend, item.config.getoption("shardcheck_launch"),
-                       external=of(item.config).harness.launch is not None)
+                       external=harness_of(item.config).launch is not None)
     return make_plan(_world_size(item), backend, mode)
 
 
@@ -301,7 +301,7 @@ def _run_timed(item, task: Task, plan: Plan, leased: list[str] | None) -> Verdic
 def pytest_runtest_teardown(item):
     if not _started():
         return
-    if os.getpid() != of(item.config).harness.main_pid:  # pytest-forked child: its pools die with it
+    if os.getpid() != harness_of(item.config).main_pid:  # pytest-forked child: its pools die with it
         deaths = _runner().shutdown_pools()  # in this child they can only be this test's
         if deaths:
             pytest.fail("; ".join(message for _, message in deaths), pytrace=False)

@@ -42,7 +42,9 @@ class _PerMicroBatchMeans(TorchStyleTrainer):
         self.micro = getattr(self, "micro", 0) + 1
         quiet = self.micro % k != 0 and not self.recipe.sync_each_micro_batch
         with self.adapter.no_sync(self.model) if quiet else contextlib.nullcontext():
-            loss = self.recipe.loss_fn(self.model, batch) / self.recipe.tokens(batch)
+            tokens = self.recipe.tokens
+            assert tokens is not None
+            loss = self.recipe.loss_fn(self.model, batch) / tokens(batch)
             (loss / k).backward()
         return loss.detach()
 
@@ -52,7 +54,9 @@ class _RankLocalCount(TorchStyleTrainer):
     rank's own token mean, averaged over the ranks by the engine."""
 
     def begin_step(self, micro_batches) -> None:
-        self.tokens = sum(torch.as_tensor(self.recipe.tokens(b)).double() for b in micro_batches)
+        tokens = self.recipe.tokens
+        assert tokens is not None
+        self.tokens = torch.stack([torch.as_tensor(tokens(b)).double() for b in micro_batches]).sum()
 
     def forward_backward(self, batch) -> torch.Tensor:
         k = self.recipe.accumulation_steps

@@ -63,9 +63,11 @@ class TorchStyleTrainer:
     def begin_step(self, micro_batches: Iterable[Any]) -> None:
         """Capability `token_weighted_loss`: the step's global token count N, summed over this
         rank's micro-batches and all-reduced over the data-parallel ranks (before any backward)."""
+        tokens = self.recipe.tokens
+        assert tokens is not None, "begin_step is called for a recipe with a token count"
         count = torch.zeros((), dtype=torch.float64, device=self.spec.device)
         for batch in micro_batches:
-            count += torch.as_tensor(self.recipe.tokens(batch), device=self.spec.device).to(torch.float64)
+            count += torch.as_tensor(tokens(batch), device=self.spec.device).to(torch.float64)
         dist.all_reduce(count, group=data_parallel_group(self.spec))
         self.tokens = count
 
@@ -208,7 +210,7 @@ class TorchStyleAdapter:
         return frozenset(out)
 
 
-def data_parallel_group(spec: ShardSpec):
+def data_parallel_group(spec: ShardSpec) -> Any:
     """The process group of the data-parallel ranks a token count is summed over: the spec's 1-D mesh,
     its "dp" dimension under tensor parallelism, else the default group (a 2-D (replicate, shard)
     mesh spanning every rank)."""

@@ -29,6 +29,8 @@ the parameters unsharded by itself), the reference through reference_impl's `set
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from shardcheck.conformance.checks.support import knobs, loops
@@ -45,7 +47,7 @@ TOKEN_RECIPES = {sync: Recipe(loss_fn=knobs.summed_loss, optimizer=Optimizer("sg
 # FULL_SHARD with gradients synced on every micro-batch and on the last only, the replicated strategies on
 # the last only: the knobs' cells stay near 10 CPU-seconds of the default run (docs/models.md)
 TOKEN_CELLS = [("FULL_SHARD", "every"), ("FULL_SHARD", "last"), ("NO_SHARD", "last"), ("SHARD_OPTIMIZER", "last")]
-FLAGS = {  # the Recipe fields each cell sets
+FLAGS: dict[str, dict[str, Any]] = {  # the Recipe fields each cell sets
     "reshard_after_backward": dict(sync_each_micro_batch=False, reshard_after_backward=False),
     "last_backward": dict(mark_last_backward=True),  # sync on every micro-batch: each one still reduces
     "torch_pattern": dict(sync_each_micro_batch=False, reshard_after_backward=False, mark_last_backward=True),

@@ -96,7 +96,7 @@ class OneBatchReference:
     def __init__(self, model: nn.Module, recipe, every_rank: dict[int, list[list]], rank: int) -> None:
         self.model, self.recipe, self.every_rank, self.rank = model, recipe, every_rank, rank
         self.optimizer = recipe.optimizer.build(model.parameters())
-        self.step_index, self.shares = 0, []
+        self.step_index, self.shares = 0, list[torch.Tensor]()
 
     def begin_step(self, micro_batches) -> None:
         """The step's one batch: forward, the mean over its targets, backward; each (rank, micro-batch)'s
@@ -163,7 +163,7 @@ class CollectiveWatch:
     (module doc). The signature of parity.train_in_parity's `watch`."""
 
     def __init__(self, ctx, modules, spec, recipe, trainer=None) -> None:
-        self.ctx, self.recipe, self.problems = ctx, recipe, []
+        self.ctx, self.recipe, self.problems = ctx, recipe, list[str]()
 
     @contextlib.contextmanager
     def during(self, step: int, phase: str, micro: int = 0):
