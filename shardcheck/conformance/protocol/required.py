@@ -4,7 +4,8 @@ were wrong.
 
 A `TorchStyleAdapter` (the trainer is written once, from the adapter's API methods) needs `shard`,
 `full_params`, `full_grads`, and per capability: `clip_grad_norm_` to clip, `grad_scaler` to scale the
-loss, its own `no_sync` for `no_sync`, and the four checkpoint methods for `checkpoint`. Any other
+loss, its own `no_sync` for `no_sync`, its own `shard_from_rank0` for `meta_load`, and the four
+checkpoint methods for `checkpoint`. Any other
 adapter's trainer is checked where `trainer()`'s return annotation names its class: the `Trainer`
 methods (`forward_backward`, `full_grads`, `step`, `full_params`), `evaluate` for `eval_forward`,
 `set_requires_grad` for `requires_grad_changes`, and `save`, `load`, `full_state_dict`,
@@ -59,8 +60,9 @@ def missing(adapter) -> list[str]:
     caps = set(adapter.capabilities)
     if isinstance(adapter, TorchStyleAdapter):
         gaps = [f"{type(adapter).__name__}.{m}" for m in _needs(TORCH_STYLE_NEEDS, caps) if not callable(getattr(adapter, m, None))]
-        if "no_sync" in caps and type(adapter).no_sync is TorchStyleAdapter.no_sync:
-            gaps.append(f"{type(adapter).__name__}.no_sync (declared, not overridden)")
+        for method, capability in (("no_sync", "no_sync"), ("shard_from_rank0", "meta_load")):
+            if capability in caps and getattr(type(adapter), method) is getattr(TorchStyleAdapter, method):
+                gaps.append(f"{type(adapter).__name__}.{method} (declared, not overridden)")
         return gaps
     cls = trainer_class(adapter)
     if cls is None:

@@ -62,22 +62,45 @@ class Arch:
 
         return getattr(transformers, self.model_class)(self.config_object())
 
+    def save(self, model: nn.Module, folder) -> None:
+        """`model`'s files as `save_pretrained` writes them (config.json, model.safetensors without the
+        duplicates of tied weights), written by whichever rank calls it: `save_pretrained` itself
+        writes on rank 0 alone once torch.distributed is initialised, and each rank loads from its
+        own folder here."""
+        from safetensors.torch import save_model
+
+        model.config.save_pretrained(folder)
+        save_model(model, f"{folder}/model.safetensors", metadata={"format": "pt"})
+
+    @staticmethod
+    def export(model: nn.Module, folder, state_dict: dict) -> None:
+        """`model.save_pretrained(folder, state_dict=state_dict)`, as users export a sharded model's
+        consolidated state dict (Accelerate's docs: `get_state_dict`, then `save_pretrained`); once
+        torch.distributed is initialised it writes on rank 0 alone."""
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        model.save_pretrained(folder, state_dict=state_dict)
+
+    def pretrained(self, folder, dtype: torch.dtype | None = None, loading_info: bool = False):
+        """The model in `folder` loaded as fine-tuning recipes load it, `from_pretrained(folder,
+        dtype=...)`; with `loading_info`, (model, transformers' loading info: missing, unexpected and
+        mismatched keys)."""
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()  # a bar's monitor thread would outlive the cell
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        out = getattr(transformers, self.model_class).from_pretrained(folder, output_loading_info=loading_info, **kwargs)
+        model = out[0] if loading_info else out
+        model.config._attn_implementation = "eager"
+        return out
+
     def loaded_in(self, dtype: torch.dtype) -> nn.Module:
         """The model built in float32, saved as `save_pretrained` writes it and loaded back as
         fine-tuning recipes load it, `from_pretrained(..., dtype=dtype)`."""
-        import transformers
-        from safetensors.torch import save_model
-
         with tempfile.TemporaryDirectory(prefix="shardcheck-zoo-") as folder:
-            built = self.build()
-            # save_pretrained's files, written on every rank: save_pretrained itself writes on rank 0
-            # alone once torch.distributed is initialised, and each rank loads from its own folder here
-            built.config.save_pretrained(folder)
-            save_model(built, f"{folder}/model.safetensors", metadata={"format": "pt"})
-            transformers.utils.logging.disable_progress_bar()  # a bar's monitor thread would outlive the cell
-            model = getattr(transformers, self.model_class).from_pretrained(folder, dtype=dtype)
-        model.config._attn_implementation = "eager"
-        return model
+            self.save(self.build(), folder)
+            return self.pretrained(folder, dtype)
 
     @property
     def units(self) -> tuple[str, ...]:
