@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .full_state import full_params
+from . import collectives as C
 from .sharding import units
 
 
@@ -33,12 +33,18 @@ def non_persistent(model: nn.Module) -> set[str]:
 @torch.no_grad()
 def fill_from_rank0(model: nn.Module, values: Optional[dict[str, torch.Tensor]]) -> None:
     """Every rank's parameters and buffers of the sharded ``model`` set to rank 0's ``values``
-    (``held`` on rank 0; None on the others), one broadcast per tensor over the data-parallel group.
-    Collective."""
+    (``held`` on rank 0; None on the others), one broadcast per tensor over the data-parallel group:
+    a parameter's full value, of which each rank keeps its own rows (its shard), and each buffer
+    whole (buffers are not sharded). Collective."""
     group = units(model, adopt=False)[0].dp_group
     source = dist.get_global_rank(group, 0) if group is not None else 0
-    with full_params(model, writeback=True):  # full views; written back into each rank's shard
-        for name, t in (*model.named_parameters(), *model.named_buffers()):
-            if values is not None:
-                t.copy_(values[name])
-            dist.broadcast(t, src=source, group=group)
+    by_id = {id(sp.shard): (u, sp) for u in units(model) for sp in u.params}
+    for name, p in model.named_parameters():
+        unit, sp = by_id[id(p)]
+        full = values[name].to(p.device, p.dtype).contiguous() if values is not None else p.new_empty(sp.slot.shape)
+        dist.broadcast(full, src=source, group=group)
+        p.copy_(C.shard_rows(full, sp.slot, unit.shard_rank))
+    for name, b in model.named_buffers():
+        if values is not None:
+            b.copy_(values[name])
+        dist.broadcast(b, src=source, group=group)
