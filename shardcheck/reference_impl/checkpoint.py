@@ -248,4 +248,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     from .full_state import full_state
 
     params = full_state(model)
-    return {n: params[n] if n in params else t.detach().clone() for n, t in model.state_dict().items()}
+    # a tied weight is one parameter under its first name; the state dict names it under each
+    first = {id(p): n for n, p in model.named_parameters()}
+    alias = {n: first[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
+    return {n: params[alias[n]].clone() if n in alias else t.detach().clone() for n, t in model.state_dict().items()}

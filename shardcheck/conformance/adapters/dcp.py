@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.checkpoint import DefaultLoadPlanner
@@ -63,6 +64,27 @@ def load(model, optimizer, scaler, path: str) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if scaler is not None:
         scaler.load_state_dict(state["scaler"])
+
+
+def load_from_rank0(model, device, shard):
+    """`model` real on the default group's rank 0, on the meta device elsewhere: `shard(model)`, storage
+    for every rank (`to_empty`), rank 0's state dict broadcast by `set_model_state_dict(full_state_dict=True,
+    broadcast_from_rank0=True)`, then rank 0's non-persistent buffers (in no state dict) broadcast.
+    Returns the sharded model."""
+    rank0 = dist.get_rank() == 0
+    state = {n: t.detach().clone() for n, t in model.state_dict().items()} if rank0 else {}
+    names = [f"{path}.{name}".lstrip(".") for path, m in model.named_modules() for name in m._non_persistent_buffers_set]
+    kept = {n: model.get_buffer(n).detach().clone() for n in names} if rank0 else {}
+    sharded = shard(model)
+    sharded.to_empty(device=device)
+    set_model_state_dict(sharded, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    with torch.no_grad():
+        for name in names:
+            buffer = sharded.get_buffer(name)
+            if rank0:
+                buffer.copy_(kept[name])
+            dist.broadcast(buffer, src=0)
+    return sharded
 
 
 def full_state_dict(model) -> dict[str, torch.Tensor]:

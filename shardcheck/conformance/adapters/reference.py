@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 import shardcheck.reference_impl as ri
-from shardcheck.reference_impl import checkpoint
-from shardcheck.conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter
+from shardcheck.reference_impl import checkpoint, loading
+from shardcheck.conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter, materialize, on_meta
 
 STRATEGIES = {s.name: s for s in ri.ShardingStrategy}
 STRATEGIES["SHARD_OPTIMIZER"] = ri.ShardingStrategy.NO_SHARD  # units replicate; ShardedOptimizer shards the state
@@ -26,7 +26,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "checkpoint_reshard", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile", "tensor_parallel", "gradient_divide_factor",
-        "token_weighted_loss", "reshard_after_backward", "is_last_backward",
+        "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load",
     })
 
     def shard(self, model, spec: ShardSpec):
@@ -41,6 +41,16 @@ class ReferenceAdapter(TorchStyleAdapter):
         for path, module in spec.unit_modules(model):
             one(module, path)
         one(model, "")
+        return model
+
+    def shard_from_rank0(self, model, spec: ShardSpec):
+        """Rank 0 keeps a copy of what its model holds; every rank shards, the skeletons get storage
+        (`to_empty`), and `loading.fill_from_rank0` broadcasts rank 0's parameters and buffers."""
+        values = None if on_meta(model) else loading.held(model)
+        self.shard(model, spec)
+        if values is None:
+            materialize(model, spec.device)
+        loading.fill_from_rank0(model, values)
         return model
 
     def optimizer(self, model, spec: ShardSpec, recipe):

@@ -65,7 +65,7 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "meta_init", "checkpoint", "checkpoint_reshard", "activation_checkpointing", "buffers", "compile",
-        "token_weighted_loss", "reshard_after_backward",
+        "token_weighted_loss", "reshard_after_backward", "meta_load",
     })
     variants = {"flat": "use_orig_params=False: each unit's parameters in one flat parameter"}
 
@@ -75,7 +75,15 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         if self.use_orig_params:
             self.capabilities = self.capabilities | {"orig_params"}
 
-    def shard(self, model, spec: ShardSpec):
+    def shard_from_rank0(self, model, spec: ShardSpec):
+        """As FSDP1 documents it (and Accelerate's FSDP1 plugin does under fsdp_cpu_ram_efficient_loading):
+        `sync_module_states=True` broadcasts rank 0's parameters and buffers as each unit is wrapped, and
+        `param_init_fn` gives a skeleton's modules storage first (`to_empty(recurse=False)`)."""
+        device = spec.device
+        return self.shard(model, spec, sync_module_states=True,
+                          param_init_fn=lambda module: module.to_empty(device=device, recurse=False))
+
+    def shard(self, model, spec: ShardSpec, **loading):
         if dist.get_backend() == "threaded":
             raise Unsupported(ON_THREADS)
         def policy(path):
@@ -97,7 +105,7 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
                 kwargs["process_group"] = spec.mesh.get_group()
             return FSDP(module, sharding_strategy=ShardingStrategy[strategy], mixed_precision=policy(path),
                         cpu_offload=CPUOffload(offload_params=spec.offload), device_id=device,
-                        use_orig_params=self.use_orig_params, **kwargs)
+                        use_orig_params=self.use_orig_params, **kwargs, **loading)
 
         for path, module in spec.unit_modules(model):
             _set(model, path, wrap(module, path))

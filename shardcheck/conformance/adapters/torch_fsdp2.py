@@ -61,7 +61,7 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "mixed_precision", "per_unit_mixed_precision", "cpu_offload", "clip_grad_norm", "sharded_grad_scaler",
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint", "checkpoint_reshard",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile",
-        "gradient_divide_factor", "token_weighted_loss", "reshard_after_backward", "is_last_backward",
+        "gradient_divide_factor", "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
@@ -91,6 +91,13 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
             one(module, path)
         one(model, "")
         return model
+
+    def shard_from_rank0(self, model, spec: ShardSpec):
+        """As torch documents loading a model built on meta into FSDP2: `fully_shard`, `to_empty`, and
+        rank 0's full state dict broadcast by `set_model_state_dict(full_state_dict=True,
+        broadcast_from_rank0=True)`. The non-persistent buffers are in no state dict: rank 0's are
+        broadcast after it (Accelerate's FSDP2 loading re-registers them the same way)."""
+        return dcp.load_from_rank0(model, spec.device, lambda m: self.shard(m, spec))
 
     def held_grads(self, model):
         """Without gradient sync each parameter keeps the unsharded sum (`unsharded_accumulated_grad`,

@@ -154,6 +154,12 @@ mutant-wrapping-unties                a weight two modules share (tied embedding
   (WrappingUnties)                    (its runs judge mutants.models.tied_tower, as the user's own model)
 mutant-low-load-upcast                master weights upcast to float32 where the engine promises them as loaded (bf16)    test_models.py::test_bf16_loaded_model
   (LowLoadUpcast)                     (needs transformers, the extra models: its run skips without it)
+mutant-meta-load-drops-buffers        a model loaded from rank 0 into meta skeletons without its non-persistent buffers   test_models_loaded.py::test_meta_load
+  (MetaLoadDropsBuffers)              (rotary inv_freq); exactly [*llama*], [*mixtral*] (needs transformers)
+mutant-resume-loses-buffers           non-persistent buffers (rotary inv_freq) left zeroed by a checkpoint's load         test_models_loaded.py::test_resume
+  (ResumeLosesBuffers)                exactly [*llama*], [*mixtral*] (needs transformers)
+mutant-export-drops-tied              the exported full state dict drops a tied weight's key (lm_head.weight)             test_models_loaded.py::test_export_from_pretrained
+  (ExportDropsTied)                   exactly [*gpt2*], [*llama-tied*] (needs transformers)
 mutant-meta-init-buffer-uninitialized a non-persistent buffer left as to_empty() left it (its module owns no parameter)   test_composition.py::test_meta_init
   (BufferLeftUninitialized)
 mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before forward (statistics diverge per rank)      test_composition.py::test_buffers
@@ -208,7 +214,13 @@ from shardcheck.conformance.mutants.clip import (
     ClipReplicatedOvercount,
     ClipUnclamped,
 )
-from shardcheck.conformance.mutants.models import LowLoadUpcast, WrappingUnties
+from shardcheck.conformance.mutants.models import (
+    ExportDropsTied,
+    LowLoadUpcast,
+    MetaLoadDropsBuffers,
+    ResumeLosesBuffers,
+    WrappingUnties,
+)
 from shardcheck.conformance.mutants.composition import (
     BufferLeftUninitialized,
     BuffersNotBroadcast,
@@ -349,6 +361,9 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     MetaInitUnties,
     WrappingUnties,
     LowLoadUpcast,
+    MetaLoadDropsBuffers,
+    ResumeLosesBuffers,
+    ExportDropsTied,
     BufferLeftUninitialized,
     BuffersNotBroadcast,
     CompileDropped,

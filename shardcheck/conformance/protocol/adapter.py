@@ -187,6 +187,13 @@ class Adapter(Protocol):
         With capability `meta_init`, `model` may arrive on the meta device: the trainer materializes
         only what this rank holds (`materialize`, after sharding)."""
 
+    # Optional, with the capability `meta_load`: trainer_from_rank0(self, model, spec, recipe) -> Trainer.
+    # `model` is real on rank 0 of the spec's mesh alone (its saved weights loaded, as `from_pretrained`
+    # loads them) and a skeleton built on the meta device on every other rank (`torch.device("meta")`,
+    # `init_empty_weights`): shard it and give every rank rank 0's values, the parameters, the buffers of
+    # the state dict and the non-persistent ones (rotary `inv_freq`) alike, with the weights rank 0's
+    # model ties still one parameter. What the front-ends' memory-efficient loading does.
+
 
 class TorchAPI(Protocol):
     """The API layer: torch FSDP-style entry points, each reached only under its capability."""

@@ -73,6 +73,15 @@ BEHAVIOUR = {
                           "(a sub-group of the launch, its own device mesh) and training continues",
 }
 
+# Loading a saved model as the front-ends' memory-efficient loading does (issue 60, family models).
+BEHAVIOUR |= {
+    "meta_load": "Adapter.trainer_from_rank0(model, spec, recipe): the model real on rank 0 alone (its saved weights "
+                 "loaded) and a skeleton on the meta device on the other ranks; every rank ends with rank 0's "
+                 "parameters and buffers (non-persistent ones too, rotary inv_freq), tied weights still tied "
+                 "(Accelerate's fsdp_cpu_ram_efficient_loading, FSDP1's sync_module_states, FSDP2's "
+                 "set_model_state_dict(broadcast_from_rank0=True))",
+}
+
 API = {
     "mixed_strategy": "different strategies for different units of one model",
     "nested_units": "sub-modules sharded as their own units inside a sharded root",

@@ -5,7 +5,8 @@ were wrong.
 A `TorchStyleAdapter` (the trainer is written once, from the adapter's API methods) needs `shard`,
 `full_params`, `full_grads`, and per capability: `clip_grad_norm_` to clip, `grad_scaler` to scale the
 loss, its own `no_sync` for `no_sync` (`set_reshard_after_backward`, `set_is_last_backward` for the
-knobs of those names), and the four checkpoint methods for `checkpoint`. Any other
+knobs of those names), its own `shard_from_rank0` for `meta_load`, and the four checkpoint methods for
+`checkpoint`. Any other
 adapter's trainer is checked where `trainer()`'s return annotation names its class: the `Trainer`
 methods (`forward_backward`, `full_grads`, `step`, `full_params`), `evaluate` for `eval_forward`,
 `set_requires_grad` for `requires_grad_changes`, `begin_step` for `token_weighted_loss`, and `save`, `load`,
@@ -51,7 +52,7 @@ TRAINER_NEEDS: Needs = (TRAINER, (
     (_named("checkpoint"), CHECKPOINT_TRAINER)))
 # Loop knobs a TorchStyleAdapter maps onto its engine by overriding the base's refusal: capability -> method.
 TORCH_STYLE_OVERRIDES = {"no_sync": "no_sync", "reshard_after_backward": "set_reshard_after_backward",
-                         "is_last_backward": "set_is_last_backward"}
+                         "is_last_backward": "set_is_last_backward", "meta_load": "shard_from_rank0"}
 
 
 def _needs(needs: Needs, capabilities: set[str]) -> list[str]:

@@ -39,14 +39,17 @@ from shardcheck.conformance.protocol.spec import Recipe, ShardSpec
 
 
 class TorchStyleTrainer:
-    def __init__(self, adapter: Any, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> None:
+    def __init__(self, adapter: Any, model: nn.Module, spec: ShardSpec, recipe: Recipe, from_rank0: bool = False) -> None:
         # adapter: a TorchStyleAdapter, whose API methods the step calls are its subclass's (TorchAPI's,
         # each under its capability): Any to the type checker
         self.adapter, self.recipe, self.spec = adapter, recipe, spec
         self.holders = ParameterHolders(model)  # before sharding (set_requires_grad)
-        self.model = adapter.prepare(model, spec, recipe)
-        if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
-            materialize(self.model, spec.device)
+        if from_rank0:  # real on rank 0, meta elsewhere (capability meta_load): the adapter fills every rank
+            self.model = adapter.shard_from_rank0(model, spec)
+        else:
+            self.model = adapter.prepare(model, spec, recipe)
+            if on_meta(self.model):  # built on meta (capability meta_init): this rank's shards only
+                materialize(self.model, spec.device)
         self.optimizer = adapter.optimizer(self.model, spec, recipe)
         self.scaler: Any = None  # torch.amp.GradScaler's API
         if recipe.loss_scale is not None:
@@ -165,6 +168,15 @@ class TorchStyleAdapter:
 
     def trainer(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> TorchStyleTrainer:
         return TorchStyleTrainer(self, model, spec, recipe)
+
+    def trainer_from_rank0(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> TorchStyleTrainer:
+        """Capability `meta_load` (protocol/adapter.py): the trainer of a model real on rank 0 alone."""
+        return TorchStyleTrainer(self, model, spec, recipe, from_rank0=True)
+
+    def shard_from_rank0(self, model: nn.Module, spec: ShardSpec) -> nn.Module:
+        """Capability `meta_load`: shard `model`, real on rank 0 and on the meta device elsewhere, and
+        give every rank rank 0's parameters and buffers (non-persistent ones too), ties kept."""
+        raise Unsupported(f"{self.name}: no loading of a model held by rank 0 alone (meta_load)")
 
     def prepare(self, model: nn.Module, spec: ShardSpec, recipe: Recipe) -> nn.Module:
         """`shard(model, spec)`; an adapter whose wrapping depends on the loop (DDP's

@@ -2,9 +2,10 @@
 downloaded), each wrapped per decoder layer as the recipes wrap them (family `models`).
 
 Every architecture is a `Workload` (checks/support/workloads.py): `build()` makes the model from its
-config in float32 on the CPU (the check seeds and moves it), `loss_fn` is the model's own causal-LM
-loss (transformers' `labels=`: the mean over this micro-batch's tokens, plus the router's auxiliary
-loss for a mixture of experts), `batches` draw each rank's token ids, `units` are the decoder layers.
+config in float32 on the CPU (the check seeds and moves it), `loss_fn` is the model's own loss
+(transformers' `labels=`: the causal-LM mean over this micro-batch's tokens, plus the router's
+auxiliary loss for a mixture of experts; a vision model's cross-entropy over its images), `batches`
+draw each rank's token ids (or images and labels), `units` are the decoder layers (a vision model's stages).
 
 | name | what it brings |
 |---|---|
@@ -12,6 +13,7 @@ loss for a mixture of experts), `batches` draw each rank's token ids, `units` ar
 | llama-tied | the same with the input embedding tied to the output projection (`tie_word_embeddings`) |
 | gpt2 | GPT-2: transformers' Conv1D (weights stored transposed), learned positions, tied embeddings |
 | mixtral | a mixture of experts: 4 experts, 2 per token, the router's auxiliary loss in the loss |
+| resnet | a vision model: convolutions and BatchNorm (running statistics: persistent buffers, each rank's own batch normalised by its own statistics), 16 x 16 images in 5 classes, its two stages the units |
 
 The extra `shardcheck[models]` installs transformers; without it these cells skip, saying so.
 """
@@ -29,6 +31,7 @@ from shardcheck.conformance.checks.support.workloads import Workload
 
 MISSING = "transformers is not installed (pip install 'shardcheck[models]'): the models family needs it"
 VOCAB, SEQ, BATCH = 128, 8, 2
+IMAGE, CLASSES = 16, 5
 _COMMON = {"vocab_size": VOCAB, "max_position_embeddings": 64}
 _DECODER = {**_COMMON, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "attention_dropout": 0.0}
@@ -49,6 +52,7 @@ class Arch:
     config: dict = field(hash=False)
     layers: str
     num_layers: int = 2
+    inputs: str = "tokens"  # or "images": pixel values and class labels (a vision model)
 
     def config_object(self):
         import transformers
@@ -62,28 +66,53 @@ class Arch:
 
         return getattr(transformers, self.model_class)(self.config_object())
 
+    def save(self, model: nn.Module, folder) -> None:
+        """`model`'s files as `save_pretrained` writes them (config.json, model.safetensors without the
+        duplicates of tied weights), written by whichever rank calls it: `save_pretrained` itself
+        writes on rank 0 alone once torch.distributed is initialised, and each rank loads from its
+        own folder here."""
+        from safetensors.torch import save_model
+
+        model.config.save_pretrained(folder)
+        save_model(model, f"{folder}/model.safetensors", metadata={"format": "pt"})
+
+    @staticmethod
+    def export(model: nn.Module, folder, state_dict: dict) -> None:
+        """`model.save_pretrained(folder, state_dict=state_dict)`, as users export a sharded model's
+        consolidated state dict (Accelerate's docs: `get_state_dict`, then `save_pretrained`); once
+        torch.distributed is initialised it writes on rank 0 alone."""
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        model.save_pretrained(folder, state_dict=state_dict)
+
+    def pretrained(self, folder, dtype: torch.dtype | None = None, loading_info: bool = False):
+        """The model in `folder` loaded as fine-tuning recipes load it, `from_pretrained(folder,
+        dtype=...)`; with `loading_info`, (model, transformers' loading info: missing, unexpected and
+        mismatched keys)."""
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()  # a bar's monitor thread would outlive the cell
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        out = getattr(transformers, self.model_class).from_pretrained(folder, output_loading_info=loading_info, **kwargs)
+        model = out[0] if loading_info else out
+        model.config._attn_implementation = "eager"
+        return out
+
     def loaded_in(self, dtype: torch.dtype) -> nn.Module:
         """The model built in float32, saved as `save_pretrained` writes it and loaded back as
         fine-tuning recipes load it, `from_pretrained(..., dtype=dtype)`."""
-        import transformers
-        from safetensors.torch import save_model
-
         with tempfile.TemporaryDirectory(prefix="shardcheck-zoo-") as folder:
-            built = self.build()
-            # save_pretrained's files, written on every rank: save_pretrained itself writes on rank 0
-            # alone once torch.distributed is initialised, and each rank loads from its own folder here
-            built.config.save_pretrained(folder)
-            save_model(built, f"{folder}/model.safetensors", metadata={"format": "pt"})
-            transformers.utils.logging.disable_progress_bar()  # a bar's monitor thread would outlive the cell
-            model = getattr(transformers, self.model_class).from_pretrained(folder, dtype=dtype)
-        model.config._attn_implementation = "eager"
-        return model
+            self.save(self.build(), folder)
+            return self.pretrained(folder, dtype)
 
     @property
     def units(self) -> tuple[str, ...]:
         return tuple(f"{self.layers}.{i}" for i in range(self.num_layers))
 
     def workload(self) -> Workload:
+        if self.inputs == "images":
+            return Workload(self.build, classification_loss, image_batches, self.units)
         return Workload(self.build, causal_lm_loss, token_batches, self.units)
 
 
@@ -105,6 +134,24 @@ def token_batches(ctx, steps: int, poison=None) -> list:
     return out
 
 
+def classification_loss(model, batch) -> torch.Tensor:
+    """The model's own loss for images: cross-entropy of its logits against the labels (`labels=`)."""
+    pixels, labels = batch
+    return model(pixel_values=pixels, labels=labels).loss
+
+
+def image_batches(ctx, steps: int, poison=None) -> list:
+    """Each rank's (pixel values, labels) for each step: BATCH images of 3 x IMAGE x IMAGE, CLASSES labels."""
+    assert not poison, "the zoo's models have no poison input"
+    out = []
+    for step in range(steps):
+        with ctx.seeded(1000 * step + ctx.rank):
+            pixels = torch.randn(BATCH, 3, IMAGE, IMAGE, device=ctx.device)
+            labels = torch.randint(0, CLASSES, (BATCH,), device=ctx.device)
+        out.append((pixels, labels))
+    return out
+
+
 ARCHS = {arch.name: arch for arch in (
     Arch("llama", "LlamaForCausalLM", "LlamaConfig", {**_DECODER, "tie_word_embeddings": False}, "model.layers"),
     Arch("llama-tied", "LlamaForCausalLM", "LlamaConfig", {**_DECODER, "tie_word_embeddings": True}, "model.layers"),
@@ -114,5 +161,8 @@ ARCHS = {arch.name: arch for arch in (
     Arch("mixtral", "MixtralForCausalLM", "MixtralConfig",
          {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": True,
           "router_aux_loss_coef": 0.02}, "model.layers"),
+    Arch("resnet", "ResNetForImageClassification", "ResNetConfig",
+         {"num_channels": 3, "embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1], "layer_type": "basic",
+          "num_labels": CLASSES}, "resnet.encoder.stages", inputs="images"),
 )}
 WORKLOADS = {name: arch.workload() for name, arch in ARCHS.items()}
