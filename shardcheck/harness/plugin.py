@@ -176,7 +176,8 @@ def _backends_for(marker, config) -> list[str]:
     return list(harness_of(config).backends)
 
 
-def _backend(item) -> str:
+def backend_of(item) -> str:
+    """The backend a `@distributed` test item runs on."""
     chosen = item.callspec.params.get("shardcheck_backend")
     return chosen or _backends_for(item.get_closest_marker(MARKER), item.config)[0]
 
@@ -202,7 +203,7 @@ def pytest_timeout_set_timer(item, settings):
 
 
 def _make_plan(item) -> Plan:
-    backend = _backend(item)
+    backend = backend_of(item)
     mode = choose_mode(backend, item.config.getoption("shardcheck_launch"),
                        external=harness_of(item.config).launch is not None)
     return make_plan(_world_size(item), backend, mode)

@@ -113,6 +113,26 @@ def test_a_known_failure_with_another_error_fails_the_run_naming_the_entry(tmp_p
     assert "AssertionError: cell 2 is known to fail" in rest  # the original failure, kept
 
 
+PLATFORM = KNOWN.replace('kind = "bug"', 'kind = "platform"\nbackends = ["threaded"]')
+
+
+def test_a_platform_limitation_is_judged_only_on_its_backends(tmp_path):
+    """An entry of kind platform names its backends: there the cell is a known failure; on another
+    backend (gloo here, as a GPU's nccl would be) the same cell is judged as any, so its failure fails."""
+    code, out = _session(tmp_path, PLATFORM, "--shardcheck-backend", "threaded")
+    assert code == 0 and "1 passed, 1 xfailed, 2 unsupported" in out, out
+    code, out = _session(tmp_path, PLATFORM, "--shardcheck-backend", "gloo")
+    assert code == 1 and "1 failed, 1 passed, 2 unsupported" in out, out
+
+
+@pytest.mark.parametrize("backends, problem", [(None, 'kind "platform" needs backends'),
+                                               ('["cpu"]', "backends must be a non-empty list")])
+def test_a_platform_entry_names_real_backends(tmp_path, backends, problem):
+    manifest = KNOWN.replace('kind = "bug"', 'kind = "platform"' + (f"\nbackends = {backends}" if backends else ""))
+    code, out = _session(tmp_path, manifest)
+    assert code == 4 and "fake.toml xfail entry 1" in out and problem in out, out
+
+
 @pytest.mark.parametrize("error, problem", [(None, "lacks error"), ("step (", "is not a regex")])
 def test_an_xfail_entry_without_a_valid_error_is_an_error(tmp_path, error, problem):
     lines = [line for line in KNOWN.splitlines() if not line.startswith("error")]

@@ -10,6 +10,8 @@
     torch = ">=2.13,<2.14"  # optional: torch versions the entry applies to
     version = "<0.20"       # optional: versions of the implementation itself
     variants = ["flat"]     # optional: only these variants ("default": the plain name); else all
+    backends = ["gloo", "threaded"]  # cells on these backends only (required of kind "platform": the
+                            # platform it is a limitation of; gloo ranks compute on the CPU)
     document = "https://..."  # where the engine documents the behaviour: required for kind "by design"
     convention = "DDP"      # optional, "by design": whose convention the cell judges by ("differs from DDP")
 
@@ -46,11 +48,12 @@ from packaging.version import InvalidVersion, Version
 
 from shardcheck.conformance.expectations import kinds
 from shardcheck.errors import UsageError
+from shardcheck.harness.vocabulary import BACKENDS
 
 HERE = Path(__file__).parent
 REQUIRED = {"cells", "reason", "repro", "error", "kind"}
 EXPLORE_REQUIRED = {"facts", "error", "reason", "repro", "kind"}
-OPTIONAL = {"finding", "torch", "version", "variants", "document", "convention"}
+OPTIONAL = {"finding", "torch", "version", "variants", "document", "convention", "backends"}
 
 
 class ManifestError(UsageError, ValueError):
@@ -167,10 +170,31 @@ def _load(adapter, table: str, required: set[str]) -> list[dict]:
             raise ManifestError(f"{where}: {bad_kind} (shardcheck/conformance/expectations/kinds.py)")
         if table == "xfail" and (not isinstance(entry["cells"], list) or not entry["cells"]):
             raise ManifestError(f"{where}: cells must be a non-empty list of globs")
+        bad_backends = _backends_problem(entry, table)
+        if bad_backends:
+            raise ManifestError(f"{where}: {bad_backends}")
         compiled = {"_error": _compiled(entry["error"], where)} if "error" in entry else {}
         if _applies(entry, adapter, where):
             out.append({**entry, "_path": str(path), **compiled})
     return out
+
+
+def _backends_problem(entry: dict, table: str) -> str | None:
+    """A platform limitation says which platform: its cells on another backend are judged as any."""
+    if "backends" not in entry:
+        if table == "xfail" and entry.get("kind") == "platform":
+            return ('kind "platform" needs backends = [...]: the backends whose platform it is a limitation '
+                    'of (its cells elsewhere must pass)')
+        return None
+    named = entry["backends"]
+    if not isinstance(named, list) or not named or not all(b in BACKENDS for b in named):
+        return f"backends must be a non-empty list of {', '.join(BACKENDS)}, not {named!r}"
+    return None
+
+
+def on_backend(entry: dict, backend: str) -> bool:
+    """Whether `entry` applies to a cell run on `backend`."""
+    return backend in entry.get("backends", (backend,))
 
 
 def _compiled(pattern, where: str) -> re.Pattern:

@@ -27,6 +27,7 @@ from shardcheck.conformance.protocol import outcomes
 from shardcheck.conformance.pytest_plugin import expected_errors
 from shardcheck.conformance.report.cells import nodeid_of, strip_impl
 from shardcheck.conformance.report.writer import WRITER
+from shardcheck.harness.plugin import backend_of
 from shardcheck.session_state import Selection, of
 
 # Nothing above imports torch or an adapter: they are loaded when a test takes `impl` (a
@@ -169,6 +170,7 @@ def pytest_collection_modifyitems(session, config, items):
     selection = of(config).selection
     if selection is None:
         return  # no test took `impl`: no conformance cell here
+    from shardcheck.conformance.expectations import manifest
     from shardcheck.conformance.protocol import capabilities
 
     for item in items:
@@ -190,6 +192,8 @@ def pytest_collection_modifyitems(session, config, items):
             for i, entry in enumerate(entries):
                 if any(fnmatch.fnmatchcase(cell, pattern.replace("[", "[[]")) for pattern in entry["cells"]):
                     used.add(i)
+                    if "backends" in entry and not manifest.on_backend(entry, backend_of(item)):
+                        continue  # another platform's limitation: judged as any cell here
                     item.add_marker(pytest.mark.xfail(strict=True, reason=f"known: {entry['reason']}"))
                     expected_errors.expect(item, entry)
                     item.user_properties.append(("expectation", {k: entry[k] for k in
