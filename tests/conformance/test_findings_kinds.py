@@ -103,7 +103,8 @@ def test_the_manifest_loader_refuses_an_entry_without_a_kind(tmp_path):
     (tmp_path / "x.toml").write_text('[[xfail]]\ncells = ["a"]\nreason = "r"\nrepro = "r.py"\nerror = "e"\nkind = "feature"\n')
     with pytest.raises(manifest.ManifestError, match="'feature' is not one of"):
         manifest.load(Adapter())
-    (tmp_path / "x.toml").write_text('[[xfail]]\ncells = ["a"]\nreason = "r"\nrepro = "r.py"\nerror = "e"\nkind = "platform"\n')
+    (tmp_path / "x.toml").write_text('[[xfail]]\ncells = ["a"]\nreason = "r"\nrepro = "r.py"\nerror = "e"\nkind = "platform"\n'
+                                     'backends = ["gloo"]\n')
     assert [e["kind"] for e in manifest.load(Adapter())] == ["platform"]
 
 
