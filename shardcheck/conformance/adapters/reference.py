@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 import shardcheck.reference_impl as ri
+from shardcheck.strategy import Strategy
 from shardcheck.reference_impl import checkpoint, loading
 from shardcheck.conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter, materialize, on_meta
 
-STRATEGIES = {s.name: s for s in ri.ShardingStrategy}
-STRATEGIES["SHARD_OPTIMIZER"] = ri.ShardingStrategy.NO_SHARD  # units replicate; ShardedOptimizer shards the state
+STRATEGIES = {s.value: s for s in ri.ShardingStrategy}  # Strategy -> the reference's unit mode
+STRATEGIES[Strategy.SHARD_OPTIMIZER] = ri.ShardingStrategy.NO_SHARD  # units replicate; ShardedOptimizer shards the state
 
 
 def _mp(mp: MixedPrecision | None):
@@ -54,7 +55,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         return model
 
     def optimizer(self, model, spec: ShardSpec, recipe):
-        if spec.strategy != "SHARD_OPTIMIZER":
+        if spec.strategy != Strategy.SHARD_OPTIMIZER:
             return recipe.optimizer.build(model.parameters())
         group = spec.dp_mesh.get_group() if spec.dp_mesh is not None else torch.distributed.group.WORLD
         return ri.ShardedOptimizer(model.parameters(), recipe.optimizer.build, group)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+from shardcheck.strategy import Strategy
 
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "SHARD_OPTIMIZER", "NO_SHARD")
+STRATEGIES = (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.HYBRID_SHARD, Strategy.SHARD_OPTIMIZER, Strategy.NO_SHARD)
 
 
 def table(cells: dict[tuple[str, str], dict]) -> dict[str, dict[str, dict[int, float]]]:
@@ -50,8 +51,8 @@ def markdown(cells: dict[tuple[str, str], dict], chart: str | None = None) -> li
     return out
 
 
-IDEAL = {"FULL_SHARD": lambda n: 1 / n, "SHARD_GRAD_OP": lambda n: 1 / n,
-         "HYBRID_SHARD": lambda n: 2 / n}  # (replicate 2, shard n/2); NO_SHARD promises no saving
+IDEAL = {Strategy.FULL_SHARD: lambda n: 1 / n, Strategy.SHARD_GRAD_OP: lambda n: 1 / n,
+         Strategy.HYBRID_SHARD: lambda n: 2 / n}  # (replicate 2, shard n/2); NO_SHARD promises no saving
 TOP = 2.0  # the chart's highest share; a larger one is drawn at the top, its value written beside it
 
 

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance import adapters
 from shardcheck.conformance.measure import footprint, promises
 from shardcheck.conformance.protocol import Optimizer, Recipe, ShardSpec
@@ -87,7 +88,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
     from torch.distributed.device_mesh import init_device_mesh
 
     shape2d = Mesh.parse(mesh, world_size)
-    strategy = "HYBRID_SHARD" if shape2d.two_d else "FULL_SHARD"
+    strategy = Strategy.HYBRID_SHARD if shape2d.two_d else Strategy.FULL_SHARD
     adapter = _capable(impl, strategy)
     started = time.perf_counter()
     with fake_world(rank, world_size), _local_rank(rank):
@@ -118,7 +119,7 @@ def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | Non
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")
     shape2d = Mesh.parse(mesh, world_size)  # a bad mesh, name or a replicating engine fails first
-    strategy = "HYBRID_SHARD" if shape2d.two_d else "FULL_SHARD"
+    strategy = Strategy.HYBRID_SHARD if shape2d.two_d else Strategy.FULL_SHARD
     _capable(impl, strategy)
     ranks = sorted(set(ranks or {0, world_size - 1}))
     for r in ranks:
