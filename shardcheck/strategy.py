@@ -2,7 +2,8 @@
 the capabilities `of_strategy` names) and the reports all use these words.
 
 A `Strategy` is a `str` (`enum.StrEnum`): `Strategy.FULL_SHARD == "FULL_SHARD"`, it is written to JSON
-and into cell ids as that string, and an adapter may be handed either.  This module imports nothing,
+and into cell ids as that string, and an adapter may be handed either.  What crosses to an xdist
+controller (`ctx.record`, user properties) is a plain `str(member)`: execnet serializes no enum.  This module imports nothing,
 so the torch-free vocabulary of the protocol can import it as well as the reference implementation.
 
     FULL_SHARD       parameters, gradients and optimizer state sharded; parameters resharded after forward

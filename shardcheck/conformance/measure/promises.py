@@ -235,7 +235,7 @@ def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes
     judged = rows(strategy, n, r, measured, unsharded, shapes)
     promiser = f"{strategy} on {n} shard{'s' if n > 1 else ''}" + (f" x {r} replicas" if r > 1 else "")
     failures = [row.line(promiser, p) for row in judged if row.broken]
-    figures = {"strategy": strategy, "shard_size": n, "replicas": r, "parameter_bytes": p,
+    figures = {"strategy": str(strategy), "shard_size": n, "replicas": r, "parameter_bytes": p,
                "shapes": {"root": shapes.root_bytes, "gathered_root": shapes.gathered_root_bytes,
                           "largest_unit": shapes.largest_unit_bytes, "shard": shapes.shard_bytes},
                "rows": {row.name: [row.measured, row.bound] + ([row.low] if row.low else []) for row in judged},
