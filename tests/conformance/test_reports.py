@@ -100,9 +100,9 @@ def test_a_version_1_report_is_read_as_version_2(real_report):
                                                              "coverage": 0.0, "conformance": None}
     assert matrix.validate(report) is None and matrix.validate(v1) is None
     assert real_report["schema_version"] == 7 and "split" not in real_report  # an unsplit run
-    from shardcheck.conformance.expectations import releases  # the line the run printed, or null
+    from shardcheck.conformance.expectations import judged_releases  # the line the run printed, or null
 
-    assert real_report["target"]["unjudged"] == releases.unjudged(real_report["target"]["torch"], ["reference"])
+    assert real_report["target"]["unjudged"] == judged_releases.unjudged(real_report["target"]["torch"], ["reference"])
     assert {c["layer"] for c in reading.expand(real_report)["cells"]} == {"api"}
     assert real_report["summary"]["by_impl"]["reference"]["api"]["coverage"] == 100.0
 

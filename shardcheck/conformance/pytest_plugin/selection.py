@@ -108,9 +108,9 @@ def pytest_report_header(config):
     selection = of(config).selection
     if selection is None:
         return None  # not asked for (--shardcheck-impl): no line in an unrelated session's header
-    from shardcheck.conformance.expectations import releases
+    from shardcheck.conformance.expectations import judged_releases
 
-    note = releases.unjudged(releases.installed_torch(), list(selection.impls))
+    note = judged_releases.unjudged(judged_releases.installed_torch(), list(selection.impls))
     return [f"shardcheck impl {name}: {a.name} {a.version} [{', '.join(sorted(a.capabilities))}]"
             for name, a in selection.impls.items()] + ([f"shardcheck: {note}"] if note else [])
 
