@@ -30,7 +30,7 @@ from .expected import Mesh
 from .fake_group import fake_world
 from .presets import build, parameter_bytes
 from .processes import each_in_own_process, parallel_jobs, progress
-from .runner import max_rss_mib, size
+from .shard_layouts import max_rss_mib, size
 
 
 class _Rank:
@@ -114,7 +114,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
 def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None,
              mesh: str | None = None) -> dict:
     """Simulate `ranks` (default the first and the last) of `impl`'s FULL_SHARD trainer (HYBRID_SHARD
-    on the 2-D `mesh` "RxS"): a report shaped like runner.simulate's (target, ranks, cells, summary,
+    on the 2-D `mesh` "RxS"): a report shaped like shard_layouts.simulate's (target, ranks, cells, summary,
     resources)."""
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")
