@@ -10,19 +10,9 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn as nn
 
+from shardcheck.precision import MixedPrecision as MixedPrecision  # the reference implementation's too
 from shardcheck.strategy import Strategy
 from shardcheck.conformance.protocol.capabilities import of_strategy
-
-
-@dataclass(frozen=True)
-class MixedPrecision:
-    """Compute in `param_dtype`, reduce gradients in `reduce_dtype`; the sharded (master) parameters
-    and the optimizer stay in float32. `buffer_dtype` and `keep_low_precision_grads` are FSDP1's."""
-
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
-    buffer_dtype: torch.dtype | None = None
-    keep_low_precision_grads: bool = False
 
 
 @dataclass(eq=False)
