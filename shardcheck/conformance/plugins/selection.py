@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from shardcheck.conformance.protocol import outcomes
-from shardcheck.conformance.pytest_plugin import expected_errors
+from shardcheck.conformance.plugins import expected_errors
 from shardcheck.conformance.report.cells import nodeid_of, strip_impl
 from shardcheck.conformance.report.writer import WRITER
 from shardcheck.harness.plugin import backend_of
@@ -47,7 +47,7 @@ def pytest_configure(config):
     if not config.pluginmanager.has_plugin("shardcheck-expected-errors"):
         config.pluginmanager.register(expected_errors, "shardcheck-expected-errors")
     if config.getoption("shardcheck_split", None) and not config.pluginmanager.has_plugin("shardcheck-split"):
-        from shardcheck.conformance.pytest_plugin import split  # part K of N of the selected cells
+        from shardcheck.conformance.plugins import split  # part K of N of the selected cells
 
         config.pluginmanager.register(split, "shardcheck-split")
     if config.getoption("shardcheck_impl"):
