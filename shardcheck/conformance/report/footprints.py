@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+
+from shardcheck.conformance.report.reading import Cell
 from shardcheck.strategy import Strategy
 
 STRATEGIES = (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.HYBRID_SHARD, Strategy.SHARD_OPTIMIZER, Strategy.NO_SHARD)
 
 
-def table(cells: dict[tuple[str, str], dict]) -> dict[str, dict[str, dict[int, float]]]:
+def table(cells: dict[tuple[str, str], Cell]) -> dict[str, dict[str, dict[int, float]]]:
     """{strategy: {implementation column: {world size: held share}}} of the cells with a footprint."""
     out: dict = defaultdict(lambda: defaultdict(dict))
     for (column, _), cell in cells.items():
@@ -56,7 +58,7 @@ IDEAL = {Strategy.FULL_SHARD: lambda n: 1 / n, Strategy.SHARD_GRAD_OP: lambda n:
 TOP = 2.0  # the chart's highest share; a larger one is drawn at the top, its value written beside it
 
 
-def chart_svg(cells: dict[tuple[str, str], dict], image_format: str = "svg"):
+def chart_svg(cells: dict[tuple[str, str], Cell], image_format: str = "svg"):
     """One panel per strategy: held share against world size, a line per implementation, 1/n dashed
     (an SVG string; `image_format="png"`: PNG bytes)."""
     import matplotlib
