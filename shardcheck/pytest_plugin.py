@@ -12,7 +12,7 @@ session that does not pays for this module alone. A session uses it when
 
 Then three plugins are registered, one concern each: the harness (`shardcheck.harness.plugin`:
 `@distributed` tests on N ranks), which implementations are checked
-(`shardcheck.conformance.pytest_plugin.selection`) and the JSON report
+(`shardcheck.conformance.plugins.selection`) and the JSON report
 (`shardcheck.conformance.report.writer`). What they share lives in one `SessionState` in the
 config's stash (shardcheck/session_state.py), never in attributes of the config.
 """
@@ -33,7 +33,7 @@ OPTION_PREFIX = "--shardcheck-"  # every option of shardcheck: no clash with a p
 # the figures: docs/speed.md).
 RANK_TIMEOUT_S = 60.0
 PLUGINS = {"shardcheck-harness": "shardcheck.harness.plugin",
-           "shardcheck-conformance": "shardcheck.conformance.pytest_plugin.selection",
+           "shardcheck-conformance": "shardcheck.conformance.plugins.selection",
            "shardcheck-report": "shardcheck.conformance.report.writer"}
 HERE = Path(__file__).parent
 

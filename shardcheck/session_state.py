@@ -1,7 +1,7 @@
 """What shardcheck's pytest plugins share within one session: one `SessionState` in the config's stash
 (`of(config)`), read and written by the entry point (shardcheck/pytest_plugin.py), the harness
 (shardcheck/harness/plugin.py), the selection of implementations
-(shardcheck/conformance/pytest_plugin/selection.py) and the report writer
+(shardcheck/conformance/plugins/selection.py) and the report writer
 (shardcheck/conformance/report/writer.py). No plugin keeps attributes of its own on the config, and
 the writer reads what the others decided here instead of importing them.
 

@@ -194,7 +194,7 @@ def test_the_rule_on_config_state_sees_each_way_of_keeping_it(tmp_path):
 
 
 REPORT = ROOT / "shardcheck" / "conformance" / "report"
-PLUGIN_LAYER = ("shardcheck.conformance.pytest_plugin", "shardcheck.harness.plugin", "shardcheck.pytest_plugin")
+PLUGIN_LAYER = ("shardcheck.conformance.plugins", "shardcheck.harness.plugin", "shardcheck.pytest_plugin")
 
 
 def _imports_of(path: Path) -> set[str]:

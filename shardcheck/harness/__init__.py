@@ -35,7 +35,7 @@ Where each concern lives:
     deadline.py    a test's time limit, taken over from pytest-timeout
     plugin.py      the pytest plugin (registered by shardcheck.pytest_plugin, the one entry point)
     xdist_support.py, forked_compat.py   `-n gpus`, and pytest-forked on pytest >= 9.2
-    bench.py       per-test overhead of each mode: `python -m shardcheck.harness.bench`
+    overhead_bench.py  per-test overhead of each mode: `python -m shardcheck.harness.overhead_bench`
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class RankPool:
         # the pool's n-th test, -n once it has answered it, 0 before its first test.
         self.state = context.RawArray("q", world_size)
         # Where the ranks meet before every body: in shared memory, far cheaper than a barrier of
-        # the process group (`python -m shardcheck.harness.bench`; the figures: docs/speed.md, issue 29)
+        # the process group (`python -m shardcheck.harness.overhead_bench`; the figures: docs/speed.md, issue 29)
         self.gate = context.Barrier(world_size)
         self.seq = 0
         self.test_ids: dict[int, str] = {}  # the last tests run here, by sequence number

@@ -19,9 +19,42 @@ conformance suite has a richer vocabulary of its own (shardcheck/conformance/pro
     passed    the body returned
     failed    it raised, the rank died, or it did not finish within the deadline
     skipped   the body (or the machine: backend, devices) skipped it
+
+Each list is a `StrEnum` (a member is a `str` equal to its value: options, ids and records read the
+same) and the tuple of its members.  What crosses to an xdist controller stays a plain string:
+execnet, which carries its reports, serializes no enum.
 """
 
-BACKENDS = ("gloo", "nccl", "threaded")
-MODES = ("pool", "spawn", "thread", "external")
-LAUNCHES = ("pool", "spawn")  # the modes `--shardcheck-launch` chooses between: rank processes started here
-OUTCOMES = ("passed", "failed", "skipped")
+import enum
+
+
+class Backend(enum.StrEnum):
+    GLOO = "gloo"
+    NCCL = "nccl"
+    THREADED = "threaded"
+
+    __repr__ = str.__repr__  # 'gloo', as the strings printed before
+
+
+class Mode(enum.StrEnum):
+    POOL = "pool"
+    SPAWN = "spawn"
+    THREAD = "thread"
+    EXTERNAL = "external"
+
+    __repr__ = str.__repr__
+
+
+class RankOutcome(enum.StrEnum):
+    """A rank's or a harness test's outcome (the conformance cell's richer one: protocol.outcomes.Outcome)."""
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    __repr__ = str.__repr__
+
+
+BACKENDS = tuple(Backend)
+MODES = tuple(Mode)
+LAUNCHES = (Mode.POOL, Mode.SPAWN)  # the modes `--shardcheck-launch` chooses between: rank processes started here
+OUTCOMES = tuple(RankOutcome)

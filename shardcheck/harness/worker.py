@@ -50,7 +50,7 @@ def pin_to_one_cpu(rank: int) -> None:
     the thread waiting in the collective; with more ranks than cores, free to float, those wake-ups
     bounce between cores and queue behind other ranks. Pinned, the reference matrix's clip_grad and
     train_parity families at world size 4 on more ranks than cores take about half the time
-    (`python -m shardcheck.conformance.bench` measures the whole matrix). A world of 2 is left free:
+    (`python -m shardcheck.conformance.matrix_bench` measures the whole matrix). A world of 2 is left free:
     unpinned, its collectives are quicker and cost less CPU per rank
     (`python -m shardcheck.harness.collective_bench`), and so do the gloo checks. The figures:
     docs/speed.md. Unpinned ranks also meet torch's races more often: F67 (gloo's functional all-gathers in

@@ -9,19 +9,12 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch.utils._pytree import tree_map
 
-
-@dataclass(frozen=True)
-class MixedPrecision:
-    param_dtype: Optional[torch.dtype] = None
-    reduce_dtype: Optional[torch.dtype] = None
-    buffer_dtype: Optional[torch.dtype] = None
-    keep_low_precision_grads: bool = False
+from shardcheck.precision import MixedPrecision as MixedPrecision  # the protocol's ShardSpec.mixed_precision too
 
 
 def compute_dtype(mp: Optional[MixedPrecision], orig: torch.dtype) -> torch.dtype:

@@ -6,12 +6,16 @@ import enum
 import torch
 import torch.distributed as dist
 
+from shardcheck.strategy import Strategy
+
 
 class ShardingStrategy(enum.Enum):
-    FULL_SHARD = "full_shard"  # shard; free full params after forward, re-gather in backward
-    SHARD_GRAD_OP = "shard_grad_op"  # shard; keep full params from forward until backward
-    NO_SHARD = "no_shard"  # replicate (DDP): all-reduce gradients
-    HYBRID_SHARD = "hybrid_shard"  # FULL_SHARD inside mesh dim 1, replicate across mesh dim 0
+    """What a unit does with its parameters: the `Strategy` members a unit can take, each its value.
+    SHARD_OPTIMIZER is not among them: it shards an optimizer, over NO_SHARD units (ShardedOptimizer)."""
+    FULL_SHARD = Strategy.FULL_SHARD  # shard; free full params after forward, re-gather in backward
+    SHARD_GRAD_OP = Strategy.SHARD_GRAD_OP  # shard; keep full params from forward until backward
+    NO_SHARD = Strategy.NO_SHARD  # replicate (DDP): all-reduce gradients
+    HYBRID_SHARD = Strategy.HYBRID_SHARD  # FULL_SHARD inside mesh dim 1, replicate across mesh dim 0
 
 
 def groups_of(strategy, mesh, process_group):

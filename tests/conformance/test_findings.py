@@ -83,17 +83,17 @@ def test_a_torch_outside_the_judged_releases_is_said_in_one_line():
     on it runs, and says that known failures scoped to the judged releases do not apply."""
     from importlib.metadata import requires
 
-    from shardcheck.conformance.expectations import releases
+    from shardcheck.conformance.expectations import judged_releases
 
     torch_requirement = [r for r in requires("shardcheck") if r.split(">")[0].split("=")[0] == "torch"]
     assert torch_requirement == ["torch>=2.9"], torch_requirement  # no upper cap
-    assert releases.unjudged("2.13.0+cpu", ["deepspeed"]) is None and releases.unjudged(None) is None
-    note = releases.unjudged("2.15.0+cu130", ["reference"])
+    assert judged_releases.unjudged("2.13.0+cpu", ["deepspeed"]) is None and judged_releases.unjudged(None) is None
+    note = judged_releases.unjudged("2.15.0+cu130", ["reference"])
     assert note.startswith("torch 2.15.0+cu130 is not a release shardcheck's expectations were judged on "
                            "(2.9.1, 2.10.0, 2.11.0, 2.12.1, 2.13.0, 2.14.1)")
-    assert releases.unjudged("2.12.0", ["reference"]).startswith("torch 2.12.0 is not a release")
-    assert releases.unjudged("2.9.1+cu128", ["torch-fsdp2", "torch-fsdp1[flat]", "ddp", "reference"]) is None
+    assert judged_releases.unjudged("2.12.0", ["reference"]).startswith("torch 2.12.0 is not a release")
+    assert judged_releases.unjudged("2.9.1+cu128", ["torch-fsdp2", "torch-fsdp1[flat]", "ddp", "reference"]) is None
     assert "\n" not in note
-    assert releases.unjudged("2.14.1+cu130", ["torch-fsdp2", "torch-fsdp1[flat]", "ddp"]) is None
-    note = releases.unjudged("2.14.1", ["torch-fsdp2", "deepspeed"])
+    assert judged_releases.unjudged("2.14.1+cu130", ["torch-fsdp2", "torch-fsdp1[flat]", "ddp"]) is None
+    note = judged_releases.unjudged("2.14.1", ["torch-fsdp2", "deepspeed"])
     assert note.startswith("torch 2.14.1: the expectations of deepspeed were judged on 2.13.0 only")

@@ -100,9 +100,9 @@ def test_a_version_1_report_is_read_as_version_2(real_report):
                                                              "coverage": 0.0, "conformance": None}
     assert matrix.validate(report) is None and matrix.validate(v1) is None
     assert real_report["schema_version"] == 7 and "split" not in real_report  # an unsplit run
-    from shardcheck.conformance.expectations import releases  # the line the run printed, or null
+    from shardcheck.conformance.expectations import judged_releases  # the line the run printed, or null
 
-    assert real_report["target"]["unjudged"] == releases.unjudged(real_report["target"]["torch"], ["reference"])
+    assert real_report["target"]["unjudged"] == judged_releases.unjudged(real_report["target"]["torch"], ["reference"])
     assert {c["layer"] for c in reading.expand(real_report)["cells"]} == {"api"}
     assert real_report["summary"]["by_impl"]["reference"]["api"]["coverage"] == 100.0
 
@@ -317,3 +317,19 @@ def test_report_without_reports_of_its_layer_is_other():
         "all": {"collected": 1, "reached": 0, "passed": 0, "coverage": 0.0, "conformance": None}}}
     assert coverage.below(coverage.by_impl(cells), 50) == [
         "shardcheck: x: coverage 0.0% (0 of 1 cells reached a verdict) is below --min-coverage 50%"]
+
+
+def test_every_committed_cell_is_a_typed_cell_record():
+    """reading.Cell names what a loaded cell holds: every cell of every committed report under reports/
+    has exactly its keys; and a key dropped from a cell is seen."""
+    required = reading.Cell.__required_keys__
+    assert required == set(reading.Cell.__annotations__) and not reading.Cell.__optional_keys__
+    paths = sorted((ROOT / "reports").glob("*.json"))  # the releases/ reports are the same writer's
+    assert paths
+    for path in paths:
+        for cell in reading.cells_of(reading.load(path)):
+            assert set(cell) == required, (path, sorted(set(cell) ^ required))
+            assert cell["outcome"] in OUTCOMES, (path, cell["nodeid"])
+    cell = dict(reading.cells_of(reading.load(paths[0]))[0])
+    del cell["footprint"]
+    assert set(cell) != required

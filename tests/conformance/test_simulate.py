@@ -11,7 +11,7 @@ from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import main as cli
 from shardcheck.conformance.simulate import default_ranks, simulate, simulate_rank
 from shardcheck.conformance.simulate import expected as E
-from shardcheck.conformance.simulate import impls, runner, verdicts
+from shardcheck.conformance.simulate import impls, shard_layouts, verdicts
 from shardcheck.conformance.simulate.presets import build
 
 
@@ -115,7 +115,7 @@ def test_bad_input_is_one_line(argv, message, code, capsys):
 def test_torch_fsdp2_sharding_at_init_matches_torch_chunk():
     report = simulate("torch-fsdp2", 64, "tiny", step="first")
     ranks = len(report["target"]["ranks"])
-    assert report["summary"] == {"passed": 2 * ranks + 2, "failed": 0}, runner.human_summary(report)
+    assert report["summary"] == {"passed": 2 * ranks + 2, "failed": 0}, shard_layouts.human_summary(report)
     assert report["step_ranks"] == [0]
 
 

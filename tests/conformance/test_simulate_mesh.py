@@ -8,7 +8,7 @@ import torch
 
 from shardcheck.conformance.cli import main as cli
 from shardcheck.conformance.simulate import expected as E
-from shardcheck.conformance.simulate import runner, simulate, simulate_rank, verdicts
+from shardcheck.conformance.simulate import shard_layouts, simulate, simulate_rank, verdicts
 from shardcheck.conformance.simulate.presets import build
 
 
@@ -52,7 +52,7 @@ def test_a_divisible_mesh_is_one_class():
 
 def test_hybrid_shards_within_the_shard_group_and_all_reduces_across():
     report = simulate("reference", 12, "llama-tiny", mesh="3x4")
-    assert report["summary"]["failed"] == 0, runner.human_summary(report)
+    assert report["summary"]["failed"] == 0, shard_layouts.human_summary(report)
     assert report["target"]["mesh"] == [3, 4] and report["target"]["strategy"] == "HYBRID_SHARD"
     assert report["cells"][-1]["check"] == "every_rank_by_class"
     grid = torch.arange(12).view(3, 4)  # init_device_mesh's layout: rows are shard groups
@@ -74,7 +74,7 @@ def test_hybrid_shards_within_the_shard_group_and_all_reduces_across():
 def test_classes_hold_alike_when_every_rank_is_simulated():
     """The arithmetic's premise, checked by brute force: every rank of a class holds alike."""
     report = simulate("reference", 10, "llama-tiny", ranks=list(range(10)), step="none", mesh="2x5")
-    assert report["summary"]["failed"] == 0, runner.human_summary(report)
+    assert report["summary"]["failed"] == 0, shard_layouts.human_summary(report)
     classes = E.rank_classes([p for u in E.units_of(build("llama-tiny"), 5) for p in u], 5)
     table = {r["rank"]: [(p["local_shape"], p["padded_rows"]) for p in r["params"]] for r in report["ranks"]}
     for rank, held in table.items():
@@ -126,7 +126,7 @@ def test_a_wrong_replicate_group_fails_the_run(monkeypatch, tmp_path):
 
 def test_torch_fsdp2_on_a_2d_mesh():
     report = simulate("torch-fsdp2", 8, "llama-tiny", mesh="2x4", step="first")
-    assert report["summary"]["failed"] == 0, runner.human_summary(report)
+    assert report["summary"]["failed"] == 0, shard_layouts.human_summary(report)
     ag = report["ranks"][0]["collectives"]
     assert ag["all_gather"]["count"] == 2 * ag["reduce_scatter"]["count"] == 2 * ag["all_reduce"]["count"]
 
@@ -134,7 +134,7 @@ def test_torch_fsdp2_on_a_2d_mesh():
 def test_llama3_405b_sharding_at_16384_ranks_on_128x128():
     """The issue-14 target at init only (a few seconds; the CLI's default also runs two steps)."""
     report = simulate("reference", 16384, "llama3-405b", step="none", mesh="128x128")
-    assert report["summary"] == {"passed": 9, "failed": 0}, runner.human_summary(report)
+    assert report["summary"] == {"passed": 9, "failed": 0}, shard_layouts.human_summary(report)
     assert report["target"]["ranks"] == [0, 127, 16256, 16383]
     assert report["classes"] == [{"shard_ranks": [0, 127], "ranks": 16384}]
     for r in report["ranks"]:  # every parameter divides by 128: no padding, 1/128 of the model each

@@ -27,6 +27,7 @@ import os
 
 import torch
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.adapters import dcp, frontends
 from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss
 from shardcheck.conformance.protocol.documented import FLOAT32, Documented
@@ -84,7 +85,7 @@ def plugin_for(spec, model, recipe, version: int):
         policy = (MixedPrecision if version == 1 else MixedPrecisionPolicy)(
             param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, **(fsdp1 if version == 1 else {}))
     strategy = {"sharding_strategy": spec.strategy} if version == 1 else \
-        {"reshard_after_forward": spec.strategy != "SHARD_GRAD_OP"}
+        {"reshard_after_forward": spec.strategy != Strategy.SHARD_GRAD_OP}
     if version == 1 and (recipe.frozen or recipe.requires_grad_at):
         strategy["use_orig_params"] = True
     if spec.offload:  # FSDP2 takes the policy object; pinned memory needs an accelerator
@@ -101,7 +102,7 @@ def plugin_for(spec, model, recipe, version: int):
 def parallelism_for(spec):
     """HSDP as Accelerate's docs give it for FSDP2: a ParallelismConfig of (dp_replicate, dp_shard) sizes,
     from which the Accelerator builds its device mesh; None for the 1-D strategies."""
-    if spec.strategy != "HYBRID_SHARD":
+    if spec.strategy != Strategy.HYBRID_SHARD:
         return None
     from accelerate import ParallelismConfig
 

@@ -20,6 +20,7 @@ import os
 import torch
 import yaml
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.protocol import Unsupported
 
 ENV = "SHARDCHECK_ACCELERATE_CONFIG"
@@ -46,10 +47,11 @@ def load(plugin_class) -> tuple[dict, str]:
 
 def check_cell(kwargs: dict, mixed_precision: str, spec) -> None:
     """Unsupported unless the cell asks for the config's strategy and precision."""
+    strategy: str
     if int(kwargs.get("fsdp_version", 1)) == 2:
-        strategy = "FULL_SHARD" if kwargs.get("reshard_after_forward", True) in (True, "true", "True") else "SHARD_GRAD_OP"
+        strategy = Strategy.FULL_SHARD if kwargs.get("reshard_after_forward", True) in (True, "true", "True") else Strategy.SHARD_GRAD_OP
     else:
-        strategy = str(kwargs.get("sharding_strategy", "FULL_SHARD")).upper()
+        strategy = str(kwargs.get("sharding_strategy", "FULL_SHARD")).upper()  # accelerate's own config word
     if spec.strategy != strategy:
         raise Unsupported(f"the config shards as {strategy}, the cell asks for {spec.strategy}")
     wanted = spec.mixed_precision.param_dtype if spec.mixed_precision else None

@@ -12,6 +12,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.parallel.distributed import _MixedPrecision
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.adapters import dcp
 from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
 
@@ -21,7 +22,7 @@ _PREFIX = "module."
 class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     name = "ddp"
     version = torch.__version__
-    strategy = "NO_SHARD"  # the one strategy it answers (torch-zero: SHARD_OPTIMIZER)
+    strategy = Strategy.NO_SHARD  # the one strategy it answers (torch-zero: SHARD_OPTIMIZER)
     capabilities = TorchStyleAdapter.implied({"checkpoint", "checkpoint_reshard", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
         "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile", "token_weighted_loss"}

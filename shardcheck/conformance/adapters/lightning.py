@@ -28,6 +28,7 @@ import importlib.metadata
 import torch
 import torch.distributed as dist
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.adapters import dcp, frontends
 from shardcheck.conformance.adapters.torch_fsdp2 import strategy_mesh
 from shardcheck.conformance.protocol import ParameterHolders, StepResult, Unsupported, evaluation_loss, on_meta
@@ -65,9 +66,9 @@ def strategy_for(variant, spec, model):
         def parallelize(model, mesh):  # the user's parallelize_fn: fully_shard over the data-parallel mesh
             # (FULL_SHARD, SHARD_GRAD_OP), or over the mesh the user builds for HSDP: the spec's 2-D
             # (replicate, shard) mesh for HYBRID_SHARD, a (world, 1) one for NO_SHARD, as torch-fsdp2
-            hsdp = spec.strategy in ("NO_SHARD", "HYBRID_SHARD")
+            hsdp = spec.strategy in (Strategy.NO_SHARD, Strategy.HYBRID_SHARD)
             dp = strategy_mesh(spec.mesh, spec.strategy) if hsdp else mesh["data_parallel"]
-            kwargs = dict(mesh=dp, mp_policy=policy, reshard_after_forward=spec.strategy != "SHARD_GRAD_OP")
+            kwargs = dict(mesh=dp, mp_policy=policy, reshard_after_forward=spec.strategy != Strategy.SHARD_GRAD_OP)
             for _, unit in spec.unit_modules(model):  # each unit (deepest first), then the root
                 fully_shard(unit, **kwargs)
             fully_shard(model, **kwargs)
@@ -75,7 +76,7 @@ def strategy_for(variant, spec, model):
         return ModelParallelStrategy(parallelize, data_parallel_size=dist.get_world_size(), tensor_parallel_size=1)
     from torch.distributed.fsdp import MixedPrecision
 
-    kwargs = {"device_mesh": spec.mesh} if spec.strategy == "HYBRID_SHARD" else {}
+    kwargs = {"device_mesh": spec.mesh} if spec.strategy == Strategy.HYBRID_SHARD else {}
     return (FSDPStrategy if variant == "unshimmed" else CpuFSDPStrategy)(
         sharding_strategy=spec.strategy, **kwargs, auto_wrap_policy=frontends.wrap_policy(spec, model),
         mixed_precision=MixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,

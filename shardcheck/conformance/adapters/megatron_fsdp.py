@@ -20,6 +20,7 @@ import torch.distributed.checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.protocol import StepResult, Unsupported
 
 try:
@@ -30,8 +31,8 @@ except ImportError as exc:  # an optional engine: `--impl all` leaves it out wit
                       "pip install 'shardcheck[megatron]')") from None
 from shardcheck.conformance.adapters import megatron_cpu
 
-STRATEGIES = {"FULL_SHARD": "optim_grads_params", "SHARD_GRAD_OP": "optim_grads", "NO_SHARD": "no_shard",
-              "HYBRID_SHARD": "optim_grads_params"}
+STRATEGIES = {Strategy.FULL_SHARD: "optim_grads_params", Strategy.SHARD_GRAD_OP: "optim_grads", Strategy.NO_SHARD: "no_shard",
+              Strategy.HYBRID_SHARD: "optim_grads_params"}
 
 
 @functools.cache  # one set of process groups per test mesh (the harness caches those), not per trainer

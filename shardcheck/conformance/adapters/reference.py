@@ -5,16 +5,12 @@ from __future__ import annotations
 import torch
 
 import shardcheck.reference_impl as ri
+from shardcheck.strategy import Strategy
 from shardcheck.reference_impl import checkpoint, loading
-from shardcheck.conformance.protocol import MixedPrecision, ShardSpec, TorchStyleAdapter, materialize, on_meta
+from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, materialize, on_meta
 
-STRATEGIES = {s.name: s for s in ri.ShardingStrategy}
-STRATEGIES["SHARD_OPTIMIZER"] = ri.ShardingStrategy.NO_SHARD  # units replicate; ShardedOptimizer shards the state
-
-
-def _mp(mp: MixedPrecision | None):
-    return None if mp is None else ri.MixedPrecision(mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype,
-                                                     mp.keep_low_precision_grads)
+STRATEGIES = {s.value: s for s in ri.ShardingStrategy}  # Strategy -> the reference's unit mode
+STRATEGIES[Strategy.SHARD_OPTIMIZER] = ri.ShardingStrategy.NO_SHARD  # units replicate; ShardedOptimizer shards the state
 
 
 class ReferenceAdapter(TorchStyleAdapter):
@@ -35,7 +31,7 @@ class ReferenceAdapter(TorchStyleAdapter):
 
         def one(module, path):
             ri.shard(module, mesh=spec.dp_mesh, strategy=STRATEGIES[spec.strategy_of(path)],
-                     mixed_precision=_mp(spec.mixed_precision_of(path)), offload=spec.offload,
+                     mixed_precision=spec.mixed_precision_of(path), offload=spec.offload,
                      gradient_divide_factor=spec.gradient_divide_factor)
 
         for path, module in spec.unit_modules(model):
@@ -54,7 +50,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         return model
 
     def optimizer(self, model, spec: ShardSpec, recipe):
-        if spec.strategy != "SHARD_OPTIMIZER":
+        if spec.strategy != Strategy.SHARD_OPTIMIZER:
             return recipe.optimizer.build(model.parameters())
         group = spec.dp_mesh.get_group() if spec.dp_mesh is not None else torch.distributed.group.WORLD
         return ri.ShardedOptimizer(model.parameters(), recipe.optimizer.build, group)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecision as FSDPMixedPrecision, ShardingStrategy
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.adapters import dcp
 
 from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
@@ -117,7 +118,7 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         after backward ("a heuristic to tradeoff higher memory for higher throughput":
         _runtime_utils._should_free_in_backward), and the first synced backward frees them. Asked of
         any other strategy or of synced micro-batches, it is unsupported."""
-        if not recipe.reshard_after_backward and (recipe.sync_each_micro_batch or spec.strategies != {"SHARD_GRAD_OP"}):
+        if not recipe.reshard_after_backward and (recipe.sync_each_micro_batch or spec.strategies != {Strategy.SHARD_GRAD_OP}):
             raise Unsupported("FSDP1 keeps parameters unsharded after backward only for SHARD_GRAD_OP inside no_sync() "
                               "(_should_free_in_backward), with no switch of its own")
         return self.shard(model, spec)

@@ -21,6 +21,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.adapters import dcp
 from shardcheck.conformance.adapters.dtensors import full_tensors
 from shardcheck.conformance.protocol import ShardSpec, TorchStyleAdapter, Unsupported
@@ -41,11 +42,11 @@ def strategy_mesh(mesh: DeviceMesh, strategy: str) -> DeviceMesh:
     """The mesh `fully_shard` takes for `strategy` over the data-parallel `mesh`: the mesh itself for
     FULL_SHARD / SHARD_GRAD_OP, the 2-D (replicate, shard) mesh for HYBRID_SHARD, and for NO_SHARD the
     (world, 1) mesh: shard groups of one rank, replicas across (DDP semantics)."""
-    if strategy == "HYBRID_SHARD":
+    if strategy == Strategy.HYBRID_SHARD:
         if mesh.ndim != 2:
             raise ValueError("HYBRID_SHARD needs a 2-D (replicate, shard) mesh")
         return mesh
-    if strategy == "NO_SHARD":
+    if strategy == Strategy.NO_SHARD:
         if id(mesh) not in _NO_SHARD_MESHES:  # the data-parallel mesh is kept alive with it: ids stay unique
             _NO_SHARD_MESHES[id(mesh)] = (mesh, DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, 1),
                                                             mesh_dim_names=("replicate", "shard")))
@@ -83,7 +84,7 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         def one(module, path):
             strategy, kwargs = spec.strategy_of(path), dict(offload_policy=offload) if offload else {}
             fully_shard(module, mesh=self._mesh(spec, strategy), mp_policy=policy(path),
-                        reshard_after_forward=strategy in ("FULL_SHARD", "HYBRID_SHARD"), **kwargs)
+                        reshard_after_forward=strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD), **kwargs)
             if spec.gradient_divide_factor is not None:  # per fully_shard'ed module, as torch documents it
                 module.set_gradient_divide_factor(spec.gradient_divide_factor)
 

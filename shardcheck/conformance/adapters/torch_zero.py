@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.adapters.ddp import DDPAdapter
 from shardcheck.conformance.protocol import Unsupported
 
@@ -25,7 +26,7 @@ FILE = "zero.pt"
 
 class TorchZeroAdapter(DDPAdapter):
     name = "torch-zero"
-    strategy = "SHARD_OPTIMIZER"
+    strategy = Strategy.SHARD_OPTIMIZER
     capabilities = (DDPAdapter.capabilities - {"no_shard"}) | {"shard_optimizer"}
     variants = {"bucket-view": "parameters_as_bucket_view=True: parameters packed into one bucket per device "
                                "and dtype, param.data views into it",

@@ -21,6 +21,7 @@ import importlib.metadata
 
 import torch
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.adapters import dcp
 from shardcheck.conformance.adapters.dtensors import full_tensors
 from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss, materialize, on_meta
@@ -33,8 +34,8 @@ except ImportError as exc:  # an optional engine: `--impl all` leaves it out wit
     raise ImportError(f"torchtitan is not importable ({exc}): see the README (pip install 'shardcheck[torchtitan]' "
                       "&& pip install --no-deps torchtitan==0.3.0)") from None
 
-MODES = {"FULL_SHARD": "fully_shard", "SHARD_GRAD_OP": "fully_shard", "NO_SHARD": "replicate",
-         "HYBRID_SHARD": "hybrid_shard"}
+MODES = {Strategy.FULL_SHARD: "fully_shard", Strategy.SHARD_GRAD_OP: "fully_shard", Strategy.NO_SHARD: "replicate",
+         Strategy.HYBRID_SHARD: "hybrid_shard"}
 
 
 def cast_inputs(dtype: torch.dtype):

@@ -3,7 +3,7 @@
     shardcheck cells --impl NAME [--family F,...] [--world-sizes 2,4]
 
 collects the matrix for the adapter (pytest's collection, in this process: no rank starts) and
-reads each cell's `requires` (the capabilities it needs, pytest_plugin/selection.py). It prints,
+reads each cell's `requires` (the capabilities it needs, plugins/selection.py). It prints,
 per family, the cells collected and those the declaration reaches (every capability a cell needs is
 declared; the others are unsupported), and the reached ones by strategy; then each capability the
 adapter does not declare with the cells declaring it alone would add, and the declared capabilities
@@ -43,7 +43,7 @@ class _Collected:
         from pathlib import Path
 
         from shardcheck.conformance.checks import family_of_file
-        from shardcheck.conformance.pytest_plugin.selection import required_capabilities
+        from shardcheck.conformance.plugins.selection import required_capabilities
 
         for item in session.items:
             if getattr(item, "callspec", None) and "impl" in item.callspec.params:

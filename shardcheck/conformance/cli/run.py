@@ -27,7 +27,7 @@ from shardcheck.conformance.checks import DEFAULT_FAMILIES, FAMILIES, OPT_IN
 from shardcheck.conformance.cli import exit_codes as codes
 from shardcheck.conformance.cli import interrupts, own_model, splitting
 from shardcheck.conformance.cli.user_code import importable_from_cwd
-from shardcheck.conformance.expectations import releases
+from shardcheck.conformance.expectations import judged_releases
 from shardcheck.errors import UnknownName
 from shardcheck.pytest_plugin import RANK_TIMEOUT_S
 
@@ -87,7 +87,7 @@ def main(args) -> int:
     # Checked where the report is written: here, or on a launcher's rank 0 alone (another rank's
     # check would race with rank 0's lock on the stream, or unlink the file rank 0 just created).
     writes_report = args.launcher == "none" and (launch is None or launch.rank == 0)
-    if note := releases.unjudged(releases.installed_torch(), args.impl or ["reference"]):
+    if note := judged_releases.unjudged(judged_releases.installed_torch(), args.impl or ["reference"]):
         print(f"shardcheck: {note}", file=sys.stderr)  # runs all the same, saying so first
     load_each(args.impl or [])
     if refused := splitting.refused(args):

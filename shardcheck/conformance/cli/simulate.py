@@ -6,7 +6,7 @@
     shardcheck simulate --impl torch-fsdp1 --world-size 1024 --model transformer-1b   # any adapter
 
 `reference` and `torch-fsdp2` are also checked parameter by parameter (shard shapes, padding, the
-collectives' groups: runner.py, which reads their layouts); every registered implementation, those two
+collectives' groups: shard_layouts.py, which reads their layouts); every registered implementation, those two
 included with `--trainer`, runs through its own trainer, measured and judged like the family sharding
 (trainers.py).
 
@@ -59,7 +59,7 @@ def main(args) -> int:
         print(f"shardcheck: -o/--output: cannot write the report: {problem}", file=sys.stderr)
         return codes.UNWRITABLE
     importable_from_cwd()  # --impl my_pkg.adapter:Cls from the project's folder, as run finds it
-    from shardcheck.conformance.simulate import runner, trainers  # torch's fake process group: only here
+    from shardcheck.conformance.simulate import shard_layouts, trainers  # torch's fake process group: only here
     from shardcheck.conformance.simulate.impls import SIMULATORS
 
     through_trainer = args.trainer or args.impl not in SIMULATORS
@@ -67,12 +67,12 @@ def main(args) -> int:
         if through_trainer:
             report = trainers.simulate(args.impl, args.world_size, args.model, args.ranks, args.mesh)
         else:
-            report = runner.simulate(args.impl, args.world_size, args.model, args.ranks, args.step, args.mesh)
+            report = shard_layouts.simulate(args.impl, args.world_size, args.model, args.ranks, args.step, args.mesh)
     except ShardcheckError:
         raise  # ours (an unknown implementation or preset): its own status
     except (ValueError, ImportError) as exc:  # an option value the simulation refuses: a usage error
         raise UsageError(str(exc)) from None
-    print((trainers if through_trainer else runner).human_summary(report))
+    print((trainers if through_trainer else shard_layouts).human_summary(report))
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """`shardcheck run --split K/N [--durations REPORT...]`: part K of N of the selected cells, for N
 machines (a job array, a CI matrix) whose reports `shardcheck report merge` joins. The split itself
-is the pytest option `--shardcheck-split` (shardcheck.conformance.pytest_plugin.split): this module
+is the pytest option `--shardcheck-split` (shardcheck.conformance.plugins.split): this module
 declares the command's options, checks them before any cell runs and passes them through. docs/splitting.md."""
 
 from __future__ import annotations

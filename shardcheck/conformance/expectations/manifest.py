@@ -20,7 +20,7 @@ kind outside shardcheck/conformance/expectations/kinds.py's KINDS. `error` is a
 Python regex, compiled when the manifest loads (a bad one is an error) and searched (re.search) in
 the failure text of each cell the entry marks (what the run prints and the report keeps: for a
 distributed cell the ranks' verdict, headline and rank blocks): a cell that fails with a text it
-does not find fails the run, naming the entry (shardcheck/conformance/pytest_plugin/expected_errors.py). So
+does not find fails the run, naming the entry (shardcheck/conformance/plugins/expected_errors.py). So
 an entry excuses its bug, not any failure of its cells; write the narrowest phrase of the actual
 error ("infinity norm on an empty tensor", not "AssertionError"), an alternation only for two
 phrasings of the same bug, and split an entry whose cells fail for different reasons.

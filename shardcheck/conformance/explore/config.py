@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields
+from shardcheck.strategy import Strategy
 
 DTYPES = ("fp32", "fp16", "bf16")
 FORMAT = 1  # the version of the JSON form
@@ -43,7 +44,7 @@ class Config:
     buffers: tuple[int, ...] = ()
     frozen: tuple[int, ...] = ()
     tied: bool = False
-    strategy: str = "FULL_SHARD"
+    strategy: str = Strategy.FULL_SHARD
     units: tuple[tuple[int, str], ...] = ()
     mesh: tuple[int, ...] | None = None  # (replicate, shard) for HYBRID_SHARD
     param_dtype: str = "fp32"
@@ -75,9 +76,9 @@ class Config:
 
     def shard_size(self, strategy: str) -> int:
         """The number of ranks one parameter is split over under `strategy`."""
-        if strategy in ("NO_SHARD", "SHARD_OPTIMIZER"):  # parameters whole on every rank
+        if strategy in (Strategy.NO_SHARD, Strategy.SHARD_OPTIMIZER):  # parameters whole on every rank
             return 1
-        if strategy == "HYBRID_SHARD" and self.mesh:
+        if strategy == Strategy.HYBRID_SHARD and self.mesh:
             return self.mesh[1]
         return self.world_size
 

@@ -17,7 +17,7 @@ from shardcheck.conformance.checks.support.parity import train_in_parity
 from shardcheck.conformance.explore import model
 from shardcheck.conformance.explore.config import Config, from_json, to_json
 from shardcheck.conformance.protocol.outcomes import is_unsupported_message
-from shardcheck.conformance.pytest_plugin.selection import RANK_PRELOAD
+from shardcheck.conformance.plugins.selection import RANK_PRELOAD
 
 EXAMPLE_TIMEOUT_S = 60.0
 

@@ -13,6 +13,7 @@ import math
 
 from hypothesis import strategies as st
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.explore.config import Config, Poison
 from shardcheck.conformance.protocol.capabilities import STRATEGIES, of_norm, of_strategy
 
@@ -66,12 +67,12 @@ def sharding(draw, capabilities, world_size: int, depth: int, tied: bool) -> dic
     a strategy per unit when the implementation mixes strategies."""
     strategies = declared_strategies(capabilities)
     strategy = draw(st.sampled_from(strategies))
-    mesh = draw(st.sampled_from(meshes(world_size))) if strategy == "HYBRID_SHARD" else None
+    mesh = draw(st.sampled_from(meshes(world_size))) if strategy == Strategy.HYBRID_SHARD else None
     units: tuple = ()
     if "nested_units" in capabilities:
         candidates = [i for i in range(depth) if not (tied and i in (0, depth - 1))]
-        flat = [s for s in strategies if s not in ("HYBRID_SHARD", "SHARD_OPTIMIZER")]  # whole-model strategies
-        mixed = "mixed_strategy" in capabilities and strategy not in ("HYBRID_SHARD", "SHARD_OPTIMIZER")
+        flat = [s for s in strategies if s not in (Strategy.HYBRID_SHARD, Strategy.SHARD_OPTIMIZER)]  # whole-model strategies
+        mixed = "mixed_strategy" in capabilities and strategy not in (Strategy.HYBRID_SHARD, Strategy.SHARD_OPTIMIZER)
         units = tuple((i, draw(st.sampled_from(flat)) if mixed else strategy)
                       for i in subset(draw, candidates))
     return dict(strategy=strategy, mesh=mesh, units=units)

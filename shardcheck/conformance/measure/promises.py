@@ -79,16 +79,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from shardcheck.strategy import Strategy
 
 SMALL = 4096            # bytes: bookkeeping, scalars (a loss, a norm, a found-inf flag), alignment
 LOW, HIGH = 0.9, 1.1    # sent / formula, per collective kind
 PEAK_OF_UNSHARDED = 1.05  # NO_SHARD and one rank: the peak of unsharded training, within 5%
 PREFETCHED = 3          # FULL_SHARD: units gathered at once (in use, prefetched, a buffer being copied out)
 IN_FLIGHT = 2           # units of unsharded gradients alive at once (a unit's, and its reduce buffer)
-SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
-OPTIMIZER_ONLY = "SHARD_OPTIMIZER"  # ZeRO-1: the optimizer state sharded, nothing else
+SHARDED = (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.HYBRID_SHARD)
+OPTIMIZER_ONLY = Strategy.SHARD_OPTIMIZER  # ZeRO-1: the optimizer state sharded, nothing else
 REDISTRIBUTION = ("all_gather", "broadcast")  # SHARD_OPTIMIZER's parameter redistribution, either kind
-RESHARDS_AFTER_FORWARD = ("FULL_SHARD", "HYBRID_SHARD")
+RESHARDS_AFTER_FORWARD = (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD)
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 
 
@@ -142,13 +143,13 @@ def sent_formulas(strategy: str, p: float, n: int, r: int, root: float = 0.0) ->
     """{kind: bytes a rank sends per step in a ring} by the strategy's design (module doc), for `p`
     parameter bytes of which `root` stay gathered from forward to backward."""
     ring_n, ring_r = (n - 1) / n, (r - 1) / r
-    if strategy == "NO_SHARD":
+    if strategy == Strategy.NO_SHARD:
         return {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 2 * p * ring_r}
     if strategy == OPTIMIZER_ONLY:
         return {"all_gather": p * ring_n, "reduce_scatter": 0.0, "all_reduce": 2 * p * ring_n}
-    if strategy == "SHARD_GRAD_OP":
+    if strategy == Strategy.SHARD_GRAD_OP:
         return {"all_gather": p * ring_n, "reduce_scatter": p * ring_n, "all_reduce": 0.0}
-    across = 2 * (p / n) * ring_r if strategy == "HYBRID_SHARD" else 0.0
+    across = 2 * (p / n) * ring_r if strategy == Strategy.HYBRID_SHARD else 0.0
     return {"all_gather": (2 * p - root) * ring_n, "reduce_scatter": p * ring_n, "all_reduce": across}
 
 
@@ -187,7 +188,7 @@ def rows(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes:
     k = shapes.shard_bytes / P if sharded or optimizer_only else 1.0
     k_whole = 1.0 if optimizer_only else k  # what parameters and gradients shrink by
     held_whole = u["rest"]["total"] + u["gradients"]
-    kept_whole = (u["rest"]["parameters"] if strategy == "SHARD_GRAD_OP" and sharded else
+    kept_whole = (u["rest"]["parameters"] if strategy == Strategy.SHARD_GRAD_OP and sharded else
                   held_whole - u["rest"]["optimizer"] if optimizer_only else 0.0)
     out = [
         Row("held between steps", measured["rest"]["total"], kept_whole + (held_whole - kept_whole) * k + SMALL),
@@ -234,7 +235,7 @@ def judge(strategy: str, n: int, r: int, measured: dict, unsharded: dict, shapes
     judged = rows(strategy, n, r, measured, unsharded, shapes)
     promiser = f"{strategy} on {n} shard{'s' if n > 1 else ''}" + (f" x {r} replicas" if r > 1 else "")
     failures = [row.line(promiser, p) for row in judged if row.broken]
-    figures = {"strategy": strategy, "shard_size": n, "replicas": r, "parameter_bytes": p,
+    figures = {"strategy": str(strategy), "shard_size": n, "replicas": r, "parameter_bytes": p,
                "shapes": {"root": shapes.root_bytes, "gathered_root": shapes.gathered_root_bytes,
                           "largest_unit": shapes.largest_unit_bytes, "shard": shapes.shard_bytes},
                "rows": {row.name: [row.measured, row.bound] + ([row.low] if row.low else []) for row in judged},

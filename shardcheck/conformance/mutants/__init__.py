@@ -14,7 +14,7 @@ shardcheck/conformance/checks is listed for at least one mutant, except those in
 strict xfail; one with ``cells`` set must fail exactly those cells of its checks at world size 2
 and pass the others: the training_loop mutants, ``loop.py``; one with ``rows`` set must break
 exactly those promise rows of shardcheck/conformance/measure/promises.py in every cell that killed it: the
-sharding liars, ``footprint.py``):
+sharding liars, ``wasteful.py``):
 
 ====================================  ==================================================================================  ==================================================================
 mutant (class)                        bug class modelled                                                                  checks that must each kill it
@@ -238,7 +238,7 @@ from shardcheck.conformance.mutants.comm import (
     CommHookReregister,
     CommHookRootOnlyChecked,
 )
-from shardcheck.conformance.mutants.footprint import (
+from shardcheck.conformance.mutants.wasteful import (
     AllReduceThenSlice,
     ExtraParameterCopy,
     FullGradientBucket,

@@ -4,7 +4,7 @@ A mutant is applied by replacing a function, method or module global of ``refere
 process-global module objects every rank imports). It must be in effect in whichever process the
 adapter lands in:
 
-* the pytest parent builds the adapter (``shardcheck.conformance.pytest_plugin.selection`` calls the class): ``__init__``
+* the pytest parent builds the adapter (``shardcheck.conformance.plugins.selection`` calls the class): ``__init__``
   patches, and a forked rank pool inherits the patched modules;
 * a rank that receives the adapter by pickle (pool or spawn) runs ``__setstate__``, which patches
   again (idempotent: once per process);

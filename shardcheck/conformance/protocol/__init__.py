@@ -11,14 +11,15 @@ if TYPE_CHECKING:  # what a type checker reads (at runtime each name comes from 
                                                          evaluation_loss, materialize,
                                                          on_meta)
     from shardcheck.conformance.protocol.capabilities import API, BEHAVIOUR, CAPABILITIES, STRATEGIES
-    from shardcheck.conformance.protocol.outcomes import OUTCOMES, Unsupported
+    from shardcheck.conformance.protocol.outcomes import OUTCOMES, Outcome, Unsupported
     from shardcheck.conformance.protocol.spec import Clip, LossScale, MixedPrecision, Optimizer, Recipe, ShardSpec
     from shardcheck.conformance.protocol.torch_style import TorchStyleAdapter, TorchStyleTrainer
+    from shardcheck.strategy import Strategy
 
 
 __all__ = ["API", "Adapter", "BEHAVIOUR", "CAPABILITIES", "CheckpointingTrainer", "Clip", "ClosingTrainer",
            "EvaluatingTrainer", "FineTuningTrainer", "LossScale", "MixedPrecision",
-           "OUTCOMES", "Optimizer", "ParameterHolders", "Recipe", "STRATEGIES", "ShardSpec", "StepResult", "TorchAPI",
+           "OUTCOMES", "Optimizer", "Outcome", "ParameterHolders", "Recipe", "STRATEGIES", "ShardSpec", "StepResult", "Strategy", "TorchAPI",
            "TokenCountingTrainer", "TorchStyleAdapter", "TorchStyleTrainer", "Trainer", "Unsupported", "evaluation_loss", "materialize",
            "on_meta"]
 
@@ -26,8 +27,8 @@ __all__ = ["API", "Adapter", "BEHAVIOUR", "CAPABILITIES", "CheckpointingTrainer"
 # this package (outcomes, capabilities) in every session; torch comes with the adapter protocol.
 _HOME = {**dict.fromkeys(("Adapter", "CheckpointingTrainer", "ClosingTrainer", "EvaluatingTrainer", "FineTuningTrainer",
                           "ParameterHolders", "StepResult", "TokenCountingTrainer", "TorchAPI", "Trainer", "evaluation_loss", "materialize", "on_meta"), "adapter"),
-         **dict.fromkeys(("API", "BEHAVIOUR", "CAPABILITIES", "STRATEGIES"), "capabilities"),
-         **dict.fromkeys(("OUTCOMES", "Unsupported"), "outcomes"),
+         **dict.fromkeys(("API", "BEHAVIOUR", "CAPABILITIES", "STRATEGIES", "Strategy"), "capabilities"),
+         **dict.fromkeys(("OUTCOMES", "Outcome", "Unsupported"), "outcomes"),
          **dict.fromkeys(("Clip", "LossScale", "MixedPrecision", "Optimizer", "Recipe", "ShardSpec"), "spec"),
          **dict.fromkeys(("TorchStyleAdapter", "TorchStyleTrainer"), "torch_style")}
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from shardcheck.strategy import Strategy
+
 if TYPE_CHECKING:  # spec imports torch; this vocabulary does not
     from shardcheck.conformance.protocol.spec import Recipe
 
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "SHARD_OPTIMIZER")
+STRATEGIES = tuple(Strategy)  # FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, SHARD_OPTIMIZER (shardcheck/strategy.py)
 
 BEHAVIOUR = {
     "full_shard": "FULL_SHARD: parameters, gradients and optimizer state sharded; reshard after forward",

@@ -12,6 +12,7 @@ matrix; and `Unsupported`, the outcome's exception.
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,10 +20,27 @@ import pytest
 if TYPE_CHECKING:
     from pytest import TestReport
 
-OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "unsupported", "skipped")
-BAD = ("failed", "error")                 # what makes a run fail
-GOOD = ("passed", "xpassed")              # the implementation did what the check states
-NOT_REACHED = ("unsupported", "skipped")  # left out of conformance, counted against coverage
+
+
+class Outcome(enum.StrEnum):
+    """A cell's outcome (the module doc says each); a `str`, equal to its value, written as it."""
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    XFAILED = "xfailed"
+    XPASSED = "xpassed"
+    UNSUPPORTED = "unsupported"
+    SKIPPED = "skipped"
+
+    __repr__ = str.__repr__  # 'passed', as the strings printed before
+
+
+# The functions below return plain strings (what crosses to an xdist controller must: execnet
+# serializes no enum); these tuples hold members, which compare equal to those strings.
+OUTCOMES = tuple(Outcome)
+BAD = (Outcome.FAILED, Outcome.ERROR)                 # what makes a run fail
+GOOD = (Outcome.PASSED, Outcome.XPASSED)              # the implementation did what the check states
+NOT_REACHED = (Outcome.UNSUPPORTED, Outcome.SKIPPED)  # left out of conformance, counted against coverage
 REACHED = tuple(o for o in OUTCOMES if o not in NOT_REACHED)  # cells that reached a verdict
 
 _PREFIX = "unsupported:"

@@ -10,18 +10,9 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn as nn
 
+from shardcheck.precision import MixedPrecision as MixedPrecision  # the reference implementation's too
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.protocol.capabilities import of_strategy
-
-
-@dataclass(frozen=True)
-class MixedPrecision:
-    """Compute in `param_dtype`, reduce gradients in `reduce_dtype`; the sharded (master) parameters
-    and the optimizer stay in float32. `buffer_dtype` and `keep_low_precision_grads` are FSDP1's."""
-
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
-    buffer_dtype: torch.dtype | None = None
-    keep_low_precision_grads: bool = False
 
 
 @dataclass(eq=False)
@@ -37,7 +28,7 @@ class ShardSpec:
     and shard dimensions of a 2-D mesh together, divided by f (FSDP2's `set_gradient_divide_factor`:
     f = 1 reduces the sum)."""
 
-    strategy: str = "FULL_SHARD"  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | SHARD_OPTIMIZER
+    strategy: str = Strategy.FULL_SHARD  # a Strategy, or its name: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | ...
     units: tuple[Any, ...] = ()  # module classes and paths
     unit_strategies: dict[str, str] = field(default_factory=dict)
     mixed_precision: MixedPrecision | None = None
@@ -52,7 +43,7 @@ class ShardSpec:
             of_strategy(strategy)  # a typo is an error, not a silently different strategy
         if self.gradient_divide_factor is not None and not self.gradient_divide_factor > 0:
             raise ValueError(f"gradient_divide_factor {self.gradient_divide_factor}: a positive number, or None")
-        if "SHARD_OPTIMIZER" in self.strategies and self.strategies != {"SHARD_OPTIMIZER"}:
+        if Strategy.SHARD_OPTIMIZER in self.strategies and self.strategies != {Strategy.SHARD_OPTIMIZER}:
             raise ValueError("SHARD_OPTIMIZER shards the optimizer of the whole model: not mixed with other "
                              f"strategies ({sorted(self.strategies)})")
 

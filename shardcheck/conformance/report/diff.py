@@ -24,6 +24,7 @@ from rich.text import Text
 
 from shardcheck.conformance.protocol.outcomes import BAD, GOOD
 from shardcheck.conformance.report import matrix
+from shardcheck.conformance.report.reading import Cell
 
 KINDS = ("regressed", "fixed", "changed", "appeared", "vanished")
 STYLE = {"regressed": "bold red", "fixed": "green", "changed": "yellow", "appeared": "cyan", "vanished": "magenta"}
@@ -39,7 +40,7 @@ class Change:
     message: str     # first line of the new (or, for a vanished cell, the old) message
 
 
-def _cells(report: dict) -> dict[tuple[str, str], dict]:
+def _cells(report: dict) -> dict[tuple[str, str], Cell]:
     return {(cell["impl"] or "-", matrix.cell_id(report, cell)): cell for cell in report["cells"]}
 
 

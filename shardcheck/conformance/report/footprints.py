@@ -15,10 +15,13 @@ from __future__ import annotations
 import io
 from collections import defaultdict
 
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "SHARD_OPTIMIZER", "NO_SHARD")
+from shardcheck.conformance.report.reading import Cell
+from shardcheck.strategy import Strategy
+
+STRATEGIES = (Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.HYBRID_SHARD, Strategy.SHARD_OPTIMIZER, Strategy.NO_SHARD)
 
 
-def table(cells: dict[tuple[str, str], dict]) -> dict[str, dict[str, dict[int, float]]]:
+def table(cells: dict[tuple[str, str], Cell]) -> dict[str, dict[str, dict[int, float]]]:
     """{strategy: {implementation column: {world size: held share}}} of the cells with a footprint."""
     out: dict = defaultdict(lambda: defaultdict(dict))
     for (column, _), cell in cells.items():
@@ -50,12 +53,12 @@ def markdown(cells: dict[tuple[str, str], dict], chart: str | None = None) -> li
     return out
 
 
-IDEAL = {"FULL_SHARD": lambda n: 1 / n, "SHARD_GRAD_OP": lambda n: 1 / n,
-         "HYBRID_SHARD": lambda n: 2 / n}  # (replicate 2, shard n/2); NO_SHARD promises no saving
+IDEAL = {Strategy.FULL_SHARD: lambda n: 1 / n, Strategy.SHARD_GRAD_OP: lambda n: 1 / n,
+         Strategy.HYBRID_SHARD: lambda n: 2 / n}  # (replicate 2, shard n/2); NO_SHARD promises no saving
 TOP = 2.0  # the chart's highest share; a larger one is drawn at the top, its value written beside it
 
 
-def chart_svg(cells: dict[tuple[str, str], dict], image_format: str = "svg"):
+def chart_svg(cells: dict[tuple[str, str], Cell], image_format: str = "svg"):
     """One panel per strategy: held share against world size, a line per implementation, 1/n dashed
     (an SVG string; `image_format="png"`: PNG bytes)."""
     import matplotlib

@@ -34,7 +34,7 @@ from shardcheck.conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
 from shardcheck.conformance.expectations import kinds
 from shardcheck.conformance.report import coverage, footprints, texts, trend
 from shardcheck.conformance.report.cells import strip_impl
-from shardcheck.conformance.report.reading import SCHEMA, SCHEMA_VERSION, ReportError, load, validate
+from shardcheck.conformance.report.reading import SCHEMA, SCHEMA_VERSION, Cell, ReportError, load, validate
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "ReportError", "load", "validate", "markdown"]
 FOLD = 5                                  # longer lists of a finding's cells are folded (<details>)
@@ -44,7 +44,7 @@ NOTE = ("Coverage = cells that reached a verdict / cells collected (unsupported 
         "not passed. Kinds: docs/findings.md.")
 
 
-def cell_id(report: dict, cell: dict) -> str:
+def cell_id(report: dict, cell: Cell) -> str:
     """The cell's id without the implementation (shardcheck.conformance.report.cells.strip_impl), trying the id the
     implementation was selected as, then its name."""
     ids = [i["selected_as"] for i in report["implementations"] if i["name"] == cell["impl"]]
@@ -99,7 +99,7 @@ def _column(impl: str, report: dict, tags: dict) -> str:
     return f"{impl} ({', '.join(suffix)})" if suffix else impl
 
 
-def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str, str], dict]:
+def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str, str], Cell]:
     """{(column, cell id): cell}. The column is the implementation, suffixed with the backends and/or
     the release when the same implementation comes from runs that differ in them (`_column`).
 
@@ -127,7 +127,7 @@ def merge(reports: list[dict], conflicts: list | None = None) -> dict[tuple[str,
     return cells
 
 
-def tabulate(cells: dict[tuple[str, str], dict]):
+def tabulate(cells: dict[tuple[str, str], Cell]):
     """(families, columns, {(family, column): Counter of outcomes}), with an "all" row."""
     counts: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for (column, _), cell in cells.items():
@@ -150,7 +150,7 @@ def describe(counter: Counter) -> str:
     return ", ".join(f"{counter[o]} {o}" for o in (*OUTCOMES, *coverage.SET_ASIDE) if counter[o])
 
 
-def rows(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, dict, Counter]]:
+def rows(cells: dict[tuple[str, str], Cell]) -> list[tuple[str, str, dict, Counter]]:
     """(implementation column, layer, coverage.tally, outcome counts): a row per layer an
     implementation has cells in, then its "all" row when it has more than one layer."""
     outcomes: dict[tuple[str, str], Counter] = defaultdict(Counter)
@@ -170,7 +170,7 @@ def rows(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, dict, Count
     return out
 
 
-def known(cells: dict[tuple[str, str], dict]) -> list[dict]:
+def known(cells: dict[tuple[str, str], Cell]) -> list[dict]:
     """The xfailed cells grouped by finding (or, without one, by reason): [{finding, reason, repro,
     kind, label, cells: [(column, cell id)]}], bugs first, then by design, platform, misuse; findings in
     number order first within a kind. `label`: "bug", "platform", ..., "by design (document)" or
@@ -199,7 +199,7 @@ def known_counts(groups: list[dict]) -> dict[str, int]:
     return {kind: n for kind in kinds.KINDS if (n := sum(g["kind"] == kind for g in groups))}
 
 
-def failing(cells: dict[tuple[str, str], dict]) -> list[tuple[str, str, str]]:
+def failing(cells: dict[tuple[str, str], Cell]) -> list[tuple[str, str, str]]:
     return [(column, cid, first_line(cell["message"]))
             for (column, cid), cell in cells.items() if cell["outcome"] in BAD]
 

@@ -17,6 +17,7 @@ import copy
 import json
 from functools import cache
 from pathlib import Path
+from typing import Any, TypedDict
 
 import jsonschema
 
@@ -32,6 +33,36 @@ SCHEMA = Path(__file__).with_name("schema.json")  # the version the writer write
 SCHEMA_VERSION: int = json.loads(SCHEMA.read_text())["properties"]["schema_version"]["const"]
 SCHEMAS = {SCHEMA_VERSION: SCHEMA, **{v: SCHEMA.with_name(f"schema-v{v}.json") for v in range(2, SCHEMA_VERSION)}}
 READS = (1, *sorted(SCHEMAS))
+
+
+class Cell(TypedDict):
+    """One cell as `load` gives it (every version: version 2's full shape, under `report["cells"]`), and as
+    the writer makes it before compact.encode writes it as a row. A typed name for the readers: the JSON is
+    unchanged (tests/conformance/test_reports.py holds every committed report's cells to these keys)."""
+
+    nodeid: str
+    phase: str                       # the pytest phase that decided the outcome: setup, call, teardown
+    outcome: str                     # one of protocol.outcomes.Outcome
+    family: str
+    layer: str                       # behaviour, api, or other (report.coverage.layer_of)
+    check: str                       # the test function
+    impl: str                        # the implementation's id, variant included: torch-fsdp1[flat]
+    world_size: int | None
+    params: dict[str, Any]
+    duration_s: float
+    message: str
+    rank_outcomes: dict[str, str]    # {rank: harness.vocabulary.RankOutcome}
+    max_abs_err: float | str | None  # a str for inf and nan
+    max_rel_err: float | str | None
+    tolerances: list[dict[str, Any]]
+    expectation: dict[str, Any] | None  # the manifest entry of a known failure
+    max_margin: float | None
+    footprint: dict[str, Any] | None    # the family sharding's figures (measure.promises.judge)
+
+
+def cells_of(report: dict) -> list[Cell]:
+    """The cells of a report `load` gave (any version, expanded)."""
+    return report["cells"]
 
 
 class ReportError(UsageError):

@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from packaging.version import InvalidVersion, Version
 
 from shardcheck.conformance.protocol.outcomes import BAD, NOT_REACHED, OUTCOMES
+from shardcheck.conformance.report.reading import Cell
 
 KNOWN, FAILS, PASSES, ABSENT = "known", "FAILS", "passes", "–"
 
@@ -51,11 +52,11 @@ def _key(rel: tuple[str, str]):
         return Version("0"), Version("0")
 
 
-def by_release(cells: dict[tuple[str, str], dict], columns: dict[str, tuple[str, tuple[str, str]]]
-               ) -> dict[str, dict[str, dict[str, dict]]]:
+def by_release(cells: dict[tuple[str, str], Cell], columns: dict[str, tuple[str, tuple[str, str]]]
+               ) -> dict[str, dict[str, dict[str, Cell]]]:
     """{impl: {release label: {cell id: cell}}}, releases in version order (torch's, then the
     implementation's own), from the merged matrix cells and each column's (implementation, release)."""
-    grouped: dict[str, dict[tuple[str, str], dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+    grouped: dict[str, dict[tuple[str, str], dict[str, Cell]]] = defaultdict(lambda: defaultdict(dict))
     for (column, cid), cell in cells.items():
         impl, rel = columns[column]
         grouped[impl][rel][cid] = cell
@@ -70,20 +71,20 @@ def spans_releases(trend: dict) -> bool:
     return any(len(rels) > 1 for rels in trend.values())
 
 
-def frozen(rels: dict[str, dict[str, dict]]) -> set[str]:
+def frozen(rels: dict[str, dict[str, Cell]]) -> set[str]:
     """The cell ids every release of one implementation collected."""
     sets = [set(cells) for cells in rels.values()]
     return set.intersection(*sets) if sets else set()
 
 
-def counts(rels: dict[str, dict[str, dict]]) -> dict[str, tuple[Counter, int]]:
+def counts(rels: dict[str, dict[str, Cell]]) -> dict[str, tuple[Counter, int]]:
     """{release: (outcome counts over the frozen cells, cells outside them)}."""
     keep = frozen(rels)
     return {rel: (Counter(c["outcome"] for cid, c in cells.items() if cid in keep), len(set(cells) - keep))
             for rel, cells in rels.items()}
 
 
-def state(cells: dict[str, dict], ids: set[str], finding: str) -> str:
+def state(cells: dict[str, Cell], ids: set[str], finding: str) -> str:
     """One finding's state on one release, from its cells there (see the module docstring)."""
     mine = [cells[cid] for cid in ids if cid in cells]
     if any(c["outcome"] == "xfailed" and (c.get("expectation") or {}).get("finding") == finding for c in mine):
@@ -95,7 +96,7 @@ def state(cells: dict[str, dict], ids: set[str], finding: str) -> str:
     return ABSENT
 
 
-def findings(rels: dict[str, dict[str, dict]]) -> dict[str, dict[str, str]]:
+def findings(rels: dict[str, dict[str, Cell]]) -> dict[str, dict[str, str]]:
     """{finding: {release: state}} for one implementation; a finding's cells are those xfailed with
     it on any release."""
     ids: dict[str, set[str]] = defaultdict(set)

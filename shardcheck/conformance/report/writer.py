@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcheck.conformance.expectations import releases
+from shardcheck.conformance.expectations import judged_releases
 from shardcheck.conformance.protocol.outcomes import BAD, outcome_of
 from shardcheck.conformance.report import compact, coverage, reading, split, texts
 from shardcheck.conformance.report.reading import SCHEMA_VERSION
@@ -161,7 +161,7 @@ class ReportWriter:
             "implementations": [{"name": a.name, "selected_as": n, "version": a.version,
                                  "adapter": f"{type(a).__module__}:{type(a).__qualname__}",
                                  "capabilities": sorted(a.capabilities)} for n, a in impls.items()],
-            "target": {**_target(self.config), "unjudged": releases.unjudged(_torch_version(), list(impls))},
+            "target": {**_target(self.config), "unjudged": judged_releases.unjudged(_torch_version(), list(impls))},
         }
 
     @pytest.hookimpl(trylast=True)

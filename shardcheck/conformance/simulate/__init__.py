@@ -18,9 +18,9 @@ __all__ = ["simulate", "simulate_rank", "default_ranks", "human_summary"]
 
 
 def __getattr__(name: str):
-    """The runner's names, imported on first use: `shardcheck --help` must not import torch."""
+    """shard_layouts.py's names, imported on first use: `shardcheck --help` must not import torch."""
     if name in __all__:
-        from . import runner
+        from . import shard_layouts
 
-        return getattr(runner, name)
+        return getattr(shard_layouts, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

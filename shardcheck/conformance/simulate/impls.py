@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance import adapters
 from shardcheck.conformance.protocol import ShardSpec
 
@@ -33,7 +34,7 @@ def _shard(name: str, model: nn.Module, device_type: str, mesh: E.Mesh) -> nn.Mo
         device_mesh = init_device_mesh(device_type, tuple(mesh.shape), mesh_dim_names=("replicate", "shard"))
     else:
         device_mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    strategy = "HYBRID_SHARD" if mesh.two_d else "FULL_SHARD"
+    strategy = Strategy.HYBRID_SHARD if mesh.two_d else Strategy.FULL_SHARD
     return adapters.load(name).shard(model, ShardSpec(strategy=strategy, units=units, mesh=device_mesh))
 
 

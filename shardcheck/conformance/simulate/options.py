@@ -1,5 +1,5 @@
 """What `shardcheck simulate` can be asked for, without torch (its --help lists them): the model
-presets' dimensions (presets.py builds them), the step modes (runner.py), the implementations whose
+presets' dimensions (presets.py builds them), the step modes (shard_layouts.py), the implementations whose
 shards are also checked parameter by parameter (impls.py's simulators)."""
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance import adapters
 from shardcheck.conformance.measure import footprint, promises
 from shardcheck.conformance.protocol import Optimizer, Recipe, ShardSpec
@@ -29,7 +30,7 @@ from .expected import Mesh
 from .fake_group import fake_world
 from .presets import build, parameter_bytes
 from .processes import each_in_own_process, parallel_jobs, progress
-from .runner import max_rss_mib, size
+from .shard_layouts import max_rss_mib, size
 
 
 class _Rank:
@@ -87,7 +88,7 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
     from torch.distributed.device_mesh import init_device_mesh
 
     shape2d = Mesh.parse(mesh, world_size)
-    strategy = "HYBRID_SHARD" if shape2d.two_d else "FULL_SHARD"
+    strategy = Strategy.HYBRID_SHARD if shape2d.two_d else Strategy.FULL_SHARD
     adapter = _capable(impl, strategy)
     started = time.perf_counter()
     with fake_world(rank, world_size), _local_rank(rank):
@@ -113,12 +114,12 @@ def simulate_rank(impl: str, world_size: int, model_name: str, rank: int, mesh: 
 def simulate(impl: str, world_size: int, model_name: str, ranks: list[int] | None = None,
              mesh: str | None = None) -> dict:
     """Simulate `ranks` (default the first and the last) of `impl`'s FULL_SHARD trainer (HYBRID_SHARD
-    on the 2-D `mesh` "RxS"): a report shaped like runner.simulate's (target, ranks, cells, summary,
+    on the 2-D `mesh` "RxS"): a report shaped like shard_layouts.simulate's (target, ranks, cells, summary,
     resources)."""
     if world_size < 1:
         raise ValueError(f"world size must be positive, got {world_size}")
     shape2d = Mesh.parse(mesh, world_size)  # a bad mesh, name or a replicating engine fails first
-    strategy = "HYBRID_SHARD" if shape2d.two_d else "FULL_SHARD"
+    strategy = Strategy.HYBRID_SHARD if shape2d.two_d else Strategy.FULL_SHARD
     _capable(impl, strategy)
     ranks = sorted(set(ranks or {0, world_size - 1}))
     for r in ranks:

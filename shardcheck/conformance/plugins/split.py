@@ -30,7 +30,7 @@ def durations(config, items) -> dict[str, float]:
             raise pytest.UsageError(f"--shardcheck-durations: {exc}") from None
     impls = set()
     if any("impl" in getattr(getattr(item, "callspec", None), "params", {}) for item in items):
-        from shardcheck.conformance.pytest_plugin import selection
+        from shardcheck.conformance.plugins import selection
 
         impls = set(selection.impls(config))
     return split.durations_of(split.default_reports(Path(config.invocation_params.dir), impls)) if impls else {}

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from shardcheck.strategy import Strategy
 from shardcheck.conformance.report.writer import SUITE_VERSION
 
 FORMAT_VERSION = 2  # of the simulate report: its own format, not the conformance report's schema_version
@@ -142,7 +143,7 @@ def simulate(impl: str, world_size: int, model: str, ranks: list[int] | None = N
         "suite": {"name": "shardcheck", "version": SUITE_VERSION, "mode": "simulate"},
         "started": dt.datetime.now().isoformat(timespec="seconds"),
         "target": {"implementation": impl, "world_size": world_size, "mesh": mesh.shape,
-                   "strategy": "HYBRID_SHARD" if mesh.two_d else "FULL_SHARD", "ranks": ranks, "model": model,
+                   "strategy": str(Strategy.HYBRID_SHARD if mesh.two_d else Strategy.FULL_SHARD), "ranks": ranks, "model": model,
                    "backend": "fake", "device": "meta", "torch": torch.__version__},
         "classes": [{"shard_ranks": [a, b - 1], "ranks": (b - a) * mesh.replicate} for a, b in classes],
         "coverage": simulator(impl).coverage if step != "none" else "sharding at init only (no step)",

@@ -1,4 +1,4 @@
-"""Where the conformance matrix spends its time: `python -m shardcheck.conformance.bench`.
+"""Where the conformance matrix spends its time: `python -m shardcheck.conformance.matrix_bench`.
 
 Runs `shardcheck run` (the reference implementation, every family, every world size a check declares,
 unless told otherwise) on gloo, then the same matrix on the threaded backend, each in a child process, and prints
@@ -16,7 +16,7 @@ and each family's share of the cells' own time (their pytest durations, summed).
 
 The split (gloo runs; the threaded run is timed only) comes from a sampling profiler (about 100 Hz)
 in the pytest process and in every rank: it is loaded into the run as a pytest plugin
-(`-p shardcheck.conformance.bench`, active only when SHARDCHECK_BENCH_DIR is set). A rank's sample is put in the first category named by a frame of its check body, outermost
+(`-p shardcheck.conformance.matrix_bench`, active only when SHARDCHECK_BENCH_DIR is set). A rank's sample is put in the first category named by a frame of its check body, outermost
 first (a gather inside a forward counts as training; a forward inside `full_params` as comparison).
 The parent's time waiting for ranks is split in the ranks' proportions.
 """
@@ -129,7 +129,7 @@ def _start(role: str, watch) -> Sampler:
 
 
 def pytest_configure(config) -> None:
-    """As a pytest plugin (`-p shardcheck.conformance.bench`): sample this process and every rank forked from it."""
+    """As a pytest plugin (`-p shardcheck.conformance.matrix_bench`): sample this process and every rank forked from it."""
     if not os.environ.get("SHARDCHECK_BENCH_DIR"):
         return
     main = threading.main_thread().ident
@@ -187,7 +187,7 @@ def run_matrix(backend: str, args) -> dict:
         # and go under it, which crashed the run once (SIGSEGV): the threaded run is timed, not split.
         sampled = backend != "threaded"
         if sampled:
-            cmd += ["--", "-p", "shardcheck.conformance.bench"]
+            cmd += ["--", "-p", "shardcheck.conformance.matrix_bench"]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, env={**os.environ, "SHARDCHECK_BENCH_DIR": tmp},
@@ -195,7 +195,7 @@ def run_matrix(backend: str, args) -> dict:
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if not os.path.exists(report):
-            raise SystemExit(f"shardcheck.conformance.bench: the {backend} run wrote no report (exit {proc.returncode}): "
+            raise SystemExit(f"shardcheck.conformance.matrix_bench: the {backend} run wrote no report (exit {proc.returncode}): "
                              f"{proc.stderr.strip().splitlines()[-1:]}")
         cells = reading.load(report)["cells"]
         by_family = collections.Counter()
@@ -209,7 +209,7 @@ def run_matrix(backend: str, args) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m shardcheck.conformance.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m shardcheck.conformance.matrix_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--impl", action="append", default=None, help="default: reference")
     parser.add_argument("--world-sizes", default=None, help="default: every size a check declares (2, 3, 4)")
     parser.add_argument("--family", default=None, help="comma-separated families (default: all)")

@@ -1,4 +1,4 @@
-"""Per-test overhead of each launch mode: `python -m shardcheck.harness.bench`.
+"""Per-test overhead of each launch mode: `python -m shardcheck.harness.overhead_bench`.
 
 The test body does one all_reduce, so what is measured is the harness: start-up (spawn), or
 dispatch + the ranks' gate + isolation checks + result collection (pool, thread). The last column is

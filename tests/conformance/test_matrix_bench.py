@@ -1,9 +1,9 @@
-"""shardcheck.conformance.bench's bookkeeping: what a sample of a rank counts as, and how the wall time is split."""
+"""shardcheck.conformance.matrix_bench's bookkeeping: what a sample of a rank counts as, and how the wall time is split."""
 
 import json
 import sys
 
-from shardcheck.conformance import bench
+from shardcheck.conformance import matrix_bench as bench
 from shardcheck.harness import run
 
 

@@ -1,4 +1,4 @@
-"""``python -m shardcheck.reference_impl.bench``: training-step time of the reference vs torch FSDP2.
+"""``python -m shardcheck.reference_impl.step_bench``: training-step time of the reference vs torch FSDP2.
 
 Same CPU model (a stack of MLP blocks), world size 2, gloo, a few warm-up then timed steps of
 forward + backward + Adam.  Prints the median step times and, last, one JSON line with

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from shardcheck.conformance.protocol import outcomes
-from shardcheck.conformance.pytest_plugin import expected_errors
+from shardcheck.conformance.plugins import expected_errors
 from shardcheck.conformance.report.cells import nodeid_of, strip_impl
 from shardcheck.conformance.report.writer import WRITER
 from shardcheck.harness.plugin import backend_of
@@ -47,7 +47,7 @@ def pytest_configure(config):
     if not config.pluginmanager.has_plugin("shardcheck-expected-errors"):
         config.pluginmanager.register(expected_errors, "shardcheck-expected-errors")
     if config.getoption("shardcheck_split", None) and not config.pluginmanager.has_plugin("shardcheck-split"):
-        from shardcheck.conformance.pytest_plugin import split  # part K of N of the selected cells
+        from shardcheck.conformance.plugins import split  # part K of N of the selected cells
 
         config.pluginmanager.register(split, "shardcheck-split")
     if config.getoption("shardcheck_impl"):
@@ -108,9 +108,9 @@ def pytest_report_header(config):
     selection = of(config).selection
     if selection is None:
         return None  # not asked for (--shardcheck-impl): no line in an unrelated session's header
-    from shardcheck.conformance.expectations import releases
+    from shardcheck.conformance.expectations import judged_releases
 
-    note = releases.unjudged(releases.installed_torch(), list(selection.impls))
+    note = judged_releases.unjudged(judged_releases.installed_torch(), list(selection.impls))
     return [f"shardcheck impl {name}: {a.name} {a.version} [{', '.join(sorted(a.capabilities))}]"
             for name, a in selection.impls.items()] + ([f"shardcheck: {note}"] if note else [])
 
