@@ -2,16 +2,19 @@
 
 The engine owns the step: it wraps the model and a client torch optimizer built from the recipe,
 `engine.backward` reduces gradients into optimizer partitions (`p.grad` stays None), `engine.step`
-clips by the global L2 norm and updates. Strategies map to the nearest ZeRO stage: FULL_SHARD -> 3,
-SHARD_GRAD_OP -> 2, NO_SHARD -> 1 (only optimizer state sharded), HYBRID_SHARD -> 3 with hpZ
-(parameters gathered within the mesh's shard groups). Not declared: norm types other than 2 (its
+clips by the global L2 norm and updates. Strategies map to ZeRO stages: FULL_SHARD -> 3,
+SHARD_GRAD_OP -> 2, SHARD_OPTIMIZER -> 1 (ZeRO-1: only the optimizer state sharded), NO_SHARD -> 0
+(ZeRO disabled: DeepSpeed's plain data parallelism, gradients all-reduced, `p.grad` live, the client
+optimizer whole on every rank), HYBRID_SHARD -> 3 with hpZ (parameters gathered within the mesh's
+shard groups). Not declared: norm types other than 2 (its
 `gradient_clipping` is L2 only), loss scaling (only in its fp16 mode, never over float32 compute),
 fp16 (its master weights come from the cast model, FINDINGS F13). The variant `deepspeed[autocast]` computes
 in low precision through DeepSpeed's `torch_autocast` instead of its `bf16` mode: the parameters and master
 weights stay float32 and the engine runs its forward under `torch.autocast` (DeepSpeed documents the mode:
 AUTOCAST_DOC below). Accumulation is its own
-(`gradient_accumulation_steps`): ZeRO-1 (NO_SHARD) reduces at the boundary only, which is the
-recipe's sync on the last micro-batch; ZeRO-2/3 reduce every micro-batch, so that is unsupported there.
+(`gradient_accumulation_steps`): stages 0 and 1 (NO_SHARD, SHARD_OPTIMIZER) reduce at the boundary
+only, which is the recipe's sync on the last micro-batch; ZeRO-2/3 reduce every micro-batch, so that
+is unsupported there.
 Frozen parameters are not declared (not mapped yet). Checkpoints: `save_checkpoint` / `load_checkpoint`.
 """
 
@@ -29,7 +32,7 @@ from shardcheck.conformance.adapters import deepspeed_runtime
 from shardcheck.conformance.protocol import StepResult, Unsupported, evaluation_loss
 
 COMM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
-STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 1, "HYBRID_SHARD": 3}
+STAGES = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "SHARD_OPTIMIZER": 1, "NO_SHARD": 0, "HYBRID_SHARD": 3}
 AUTOCAST_DOC = "https://deepspeed.readthedocs.io/en/latest/training.html#pytorch-automatic-mixed-precision-amp"
 AUTOCAST_DTYPES = {torch.bfloat16: "bfloat16"}  # fp16 under autocast needs loss scaling: not declared here
 if importlib.util.find_spec("deepspeed") is None:
@@ -134,9 +137,14 @@ class DeepSpeedTrainer:
     def full_optimizer_state(self):
         """{name: {key: full value}}: the client optimizer's per-element state (Adam's moments) through
         deepspeed.utils.safe_get_full_optimizer_state; its scalar state (Adam's step), kept once per
-        flat partition, given to every parameter of it."""
+        flat partition, given to every parameter of it. Stage 0 in float32 wraps no optimizer: the
+        client optimizer's own state, per parameter."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
+        if not hasattr(self.engine.optimizer, "optimizer"):  # stage 0 in float32: the client optimizer itself
+            return {n: {k: v.detach().clone() if torch.is_tensor(v) else v
+                        for k, v in self.engine.optimizer.state.get(p, {}).items()}
+                    for n, p in self.engine.module.named_parameters()}
         flat = [s for s in self.engine.optimizer.optimizer.state.values() if s]
         scalars = {k: v for k, v in (flat[0] if flat else {}).items() if not torch.is_tensor(v) or v.dim() == 0}
         moments = sorted({k for s in flat for k, v in s.items() if torch.is_tensor(v) and v.dim() > 0})
@@ -158,7 +166,7 @@ class DeepSpeedAdapter:
     documented = Documented(FLOAT32, "https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options")
     variants = {"autocast": "mixed precision through DeepSpeed's torch_autocast config (float32 parameters and "
                             "master weights, forward under torch.autocast) instead of its bf16 mode"}
-    capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "clip_norm_2",
+    capabilities = frozenset({"full_shard", "shard_grad_op", "no_shard", "shard_optimizer", "hybrid_shard", "clip_norm_2",
                               "mixed_precision_bf16", "grad_accumulation", "no_sync", "eval_forward", "unused_params",
                               "activation_checkpointing", "buffers", "compile", "checkpoint"})
 
@@ -171,6 +179,12 @@ class DeepSpeedAdapter:
             pytest.skip("DeepSpeed needs one process per rank with LOCAL_RANK set (not thread mode)")
         if len(spec.strategies) > 1:
             raise Unsupported("one ZeRO stage per engine: no per-unit strategies")
+        if STAGES[spec.strategy] == 0 and spec.mixed_precision and spec.mixed_precision.param_dtype is not None \
+                and not self.autocast:
+            raise Unsupported("bf16 without ZeRO (stage 0): DeepSpeed accumulates and keeps the gradients in bfloat16 "
+                              "there (data_types.grad_accum_dtype fp32 raises 'unsupported mix of model_dtype="
+                              "torch.bfloat16 and grad_accum_dtype=torch.float32'), not in float32 as asked; its "
+                              "float32 gradients under bf16 are ZeRO's (stages 1-3)")
         if recipe.accumulation_steps > 1 and not recipe.sync_each_micro_batch and STAGES[spec.strategy] > 1:
             raise Unsupported("no_sync: ZeRO-2/3 reduce each micro-batch's gradients into their partitions "
                               "(only ZeRO-0/1 hold them until the accumulation boundary)")

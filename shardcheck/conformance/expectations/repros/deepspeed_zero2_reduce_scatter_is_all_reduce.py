@@ -1,4 +1,5 @@
-"""F35: DeepSpeed ZeRO-1 and ZeRO-2 (with `reduce_scatter: true`, the default) reduce the gradients with
+"""F35: DeepSpeed ZeRO-2 (with `reduce_scatter: true`, the default; ZeRO-1 too, where that is SHARD_OPTIMIZER's
+promise) reduces the gradients with
 an all-reduce of the whole gradient (`use_multi_rank_bucket_allreduce`, also on by default, turns the
 buckets that span several ranks' partitions into all-reduces), then all-gather the updated
 parameters: per step a rank sends 3 x P x (n-1)/n bytes for P bytes of parameters, 1.5x the
