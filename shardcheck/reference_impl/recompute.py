@@ -1,0 +1,44 @@
+"""A recomputed forward that runs without the unit's hooks (step 5 of sharding.py, the other way).
+
+Activation checkpointing applied to a module's `forward` rather than to its `__call__` (transformers'
+`GradientCheckpointingLayer`, since transformers 5: "module hooks (e.g. FSDP2's) stay outside the
+checkpoint") recomputes the forward in backward without running the unit's forward hooks: the
+recompute reads the parameters off the modules, where `after_forward` left the shards. The unit's
+own saved-tensors hooks were installed around that forward, but checkpointing's, innermost, took
+every save of a parameter: none reached `Unit.pack_for_backward`, so no unpack will re-gather the unit (a unit that
+keeps its parameters gathered until backward has them, but not on its modules). Then, as
+FSDP2's pre-backward hook does, the full parameters go back on the modules when the gradient of the
+unit's output arrives, before its backward runs; `unsynced.keep_or_reshard` puts the shards back
+after the unit's gradients are reduced.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+
+def before_backward(unit, output) -> None:
+    """At the end of a unit's forward (before `after_forward` closes its saved-tensors scope and
+    reshards): put the full parameters on the modules when the output's gradient arrives, if the
+    unit's own hooks were installed and packed nothing (FULL_SHARD, above), or if the unit keeps its
+    full parameters until backward (SHARD_GRAD_OP, NO_SHARD: no gather, the same tensors)."""
+    packed, unit.packed = unit.packed, False
+    if packed or not torch.is_grad_enabled() or not any(p.shard.requires_grad for p in unit.params):
+        return
+    if unit.saved_scope is None and (unit.frees_after_forward or unit.full is None):
+        return  # freed, and re-gathered by a recompute through the unit's hooks, or by unpack
+    for t in tree_leaves(output):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            t.register_hook(functools.partial(_on_modules, unit))
+
+
+def _on_modules(unit, grad):
+    """The full parameters on the modules, requiring gradients as the shards do (as in the forward
+    recomputed: autograd saves a tensor for backward only where a gradient needs it, and the recompute
+    must save what the forward saved)."""
+    unit.set_params([f if f is None else f.detach().requires_grad_(p.shard.requires_grad)
+                     for f, p in zip(unit.full_for_backward(), unit.params)])
+    return grad
