@@ -17,8 +17,11 @@ under what the composition and sharding families judge on the suite's own small 
   of the parameters, where the family's own model keeps 0.8% there. A root left whole on every rank
   hides under the family's bookkeeping slack on that model, not on this one.
 
-torch.compile per layer (test_composition.py::test_compile) is not run on the zoo: one llama cell
-costs more than the family's budget on a CPU (docs/models.md gives the figure).
+NO_SHARD and SHARD_OPTIMIZER are not measured on llama yet: the reference itself, the yardstick, peaks
+above the promise there (docs/models.md). torch.compile per layer (test_composition.py::test_compile)
+is not run on the zoo: compiling llama's two layers (aot_eager) and two steps cost 6.9 s in one
+process unsharded on this 2-core machine, before any rank or hook; a sharded cell of 2 or 4 ranks
+sharing the cores would pass the family's ~20 s a cell.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def _built(ctx, arch):
         return plain, arch.build().to(ctx.device)
 
 
-@distributed(world_size=[2, 4])
+@distributed(world_size=[2, 4], timeout=240)  # four trainings of a real model; ranks share the CPU
 @pytest.mark.requires("full_shard", of_norm(CLIP.norm_type), "activation_checkpointing")
 @pytest.mark.parametrize("model_name,how", CHECKPOINTED)
 def test_model_activation_checkpointing(ctx, impl, model_name, how):
@@ -128,10 +131,10 @@ def _unsharded(ctx) -> dict:
                              SHARDING_RECIPE, zoo.token_batches(ctx, STEPS))
 
 
-@distributed(world_size=[2, 4])
+@distributed(world_size=[2, 4], timeout=240)
 @MISSING
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"])})
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])  # NO_SHARD, SHARD_OPTIMIZER: docs/models.md
 def test_model_sharding(ctx, impl, strategy):
     """llama per decoder layer: memory held, gathered and sent per rank against the strategy's
     promise (test_sharding.py's rows), bounds computed from llama's own shapes."""
@@ -139,7 +142,7 @@ def test_model_sharding(ctx, impl, strategy):
         pytest.skip("thread-mode ranks share one process: memory and traffic per rank are measured on a "
                     "process backend (gloo, nccl)")
     arch = zoo.ARCHS[SHARDED_MODEL]
-    n, r = (1, ctx.world_size) if strategy == "NO_SHARD" else (ctx.world_size, 1)
+    n, r = ctx.world_size, 1
     spec = ShardSpec(strategy=strategy, units=arch.units, mesh=ctx.mesh())
     measured = footprint.measure(ctx, arch.build, lambda model, recipe: impl.trainer(model, spec, recipe),
                                  SHARDING_RECIPE, zoo.token_batches(ctx, STEPS))
