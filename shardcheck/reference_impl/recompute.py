@@ -35,6 +35,8 @@ def before_backward(unit, output) -> None:
     packed, unit.packed = unit.packed, False
     if packed or unit.saved_scope is None or not any(p.shard.requires_grad for p in unit.params):
         return
+    if any(f is not None and (type(f) is not torch.Tensor or f.is_meta) for f in unit.full or ()):
+        return  # parameters pack_for_backward never packs (meta, fake, subclasses): nothing to tell by
     for t in tree_leaves(output):
         if isinstance(t, torch.Tensor) and t.requires_grad:
             t.register_hook(functools.partial(_on_modules, unit))
