@@ -15,8 +15,8 @@ parameters lives through one training step like this:
    HYBRID_SHARD drop the full tensors: whatever autograd saved of them for backward was packed
    as ``(which parameter, size, stride, offset)`` instead (:meth:`Unit.pack_for_backward`).
    SHARD_GRAD_OP keeps them until the unit's backward; NO_SHARD never shards.
-5. **re-gathered for backward** (:meth:`Unit.unpack_for_backward`): the first backward use of a
-   packed view all-gathers the unit again (once) and cuts the view out of the new full tensor.
+5. **re-gathered for backward** (:meth:`Unit.unpack_for_backward`; a recompute without hooks: recompute.py):
+   the first backward use of a packed view all-gathers the unit again (once) and cuts the view out.
 6. **gradients reduce-scattered and averaged** (:meth:`AllGather.backward`): the adjoint of an
    all-gather is a reduce-scatter, so the full gradients ``g_q`` of every rank ``q`` become
    ``shard_r.grad += (1/W_dp) * sum_q g_q[rows of r]`` (collectives.average_gradient: the mean
@@ -35,7 +35,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from shardcheck.compat import in_backward, innermost_saved_tensors_pack, set_grad
-from . import buffers, collectives as C
+from . import buffers, collectives as C, recompute
 from .unsynced import gathered, hold, keep_or_reshard, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
@@ -180,6 +180,7 @@ class Unit:
     unsynced: Optional[list] = None  # full gradients summed over unsynced backwards
     reshard_after_backward: bool = True  # False: backward keeps the full parameters for the next forward
     kept: Optional[list] = None  # those full parameters (unsynced.py)
+    packed: bool = False  # a parameter's view was packed by pack_for_backward in this forward (recompute.py)
 
     def __repr__(self) -> str:
         return f"Unit({type(self.module).__name__}, {self.strategy.name}, {len(self.params)} params, root={self.is_root})"
@@ -271,6 +272,7 @@ class Unit:
         for i, full in enumerate(self.full):
             if (type(full) is torch.Tensor and full.dtype == t.dtype and full.device == t.device
                     and full.untyped_storage().data_ptr() == storage):
+                self.packed = True  # an unpack will re-gather the unit
                 return SavedView(i, t.size(), t.stride(), t.storage_offset())
         return t
 
@@ -387,8 +389,8 @@ def before_forward(module: nn.Module, args, kwargs):
 
 def after_forward(module: nn.Module, args, output):
     """Shards back on the modules; FULL_SHARD (and any forward without grad) frees the full ones."""
-    unit = unit_of(module)
-    unit.restore_shards()
+    (unit := unit_of(module)).restore_shards()
+    recompute.before_backward(unit, output)  # before the scope closes: it tells whether the unit's hooks saw a save
     if unit.saved_scope is not None:
         unit.saved_scope.close()
         unit.saved_scope = None

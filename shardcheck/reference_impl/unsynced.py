@@ -46,6 +46,7 @@ def keep_or_reshard(unit) -> None:
     if not unit.reshard_after_backward and unit.full is not None:
         unit.kept = [None if f is None else f.detach() for f in unit.full]
     unit.reshard()
+    unit.restore_shards()  # the full parameters recompute.py put on the modules for a backward, if any
 
 
 def gathered(unit) -> list:

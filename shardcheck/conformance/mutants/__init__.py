@@ -148,6 +148,10 @@ mutant-ac-recompute-regathers         a recomputed forward re-gathers a unit tha
   (RecomputeRegathers)                checkpointing); exactly the cells [*-SHARD_GRAD_OP-*]
 mutant-ac-saves-past-checkpointing    a unit's saved-tensors hooks override checkpointing's; exactly [*-FULL_SHARD-*]     test_composition.py::test_activation_checkpointing
   (SavesPastCheckpointing)
+mutant-recompute-skips-regather       a recompute that bypasses the unit's hooks (transformers 5 checkpoints forward,     test_models_composed.py::test_model_activation_checkpointing
+  (RecomputeSkipsRegather)            not __call__) reads the shards; exactly [*-transformers] (needs transformers)
+mutant-root-left-replicated           the root's own parameters (embedding, output projection) replicated, only the       test_models_composed.py::test_model_sharding
+  (RootLeftReplicated)                units sharded (needs transformers: llama's root is a third of it)
 mutant-meta-init-unties               a weight two modules share, untied when the model is built on meta                  test_composition.py::test_meta_init
   (MetaInitUnties)                                                                                                        test_composition.py::test_meta_init_hybrid
 mutant-wrapping-unties                a weight two modules share (tied embeddings), untied when the model is wrapped      test_models.py::test_model_parity
@@ -229,6 +233,7 @@ from shardcheck.conformance.mutants.composition import (
     TPInputGradNotReduced,
     TPNormPerRank,
     RecomputeRegathers,
+    RecomputeSkipsRegather,
     SavesPastCheckpointing,
 )
 from shardcheck.conformance.mutants.comm import (
@@ -246,6 +251,7 @@ from shardcheck.conformance.mutants.wasteful import (
     GatherTwiceInBackward,
     NoReshardAfterForward,
     ReplicatesDeclaresFullShard,
+    RootLeftReplicated,
     TwoUnitsKeptAfterForward,
     UnshardedOptimizerState,
     WholeOptimizerState,
@@ -358,6 +364,8 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     UnsyncedDroppedOnLast,
     RecomputeRegathers,
     SavesPastCheckpointing,
+    RecomputeSkipsRegather,
+    RootLeftReplicated,
     MetaInitUnties,
     WrappingUnties,
     LowLoadUpcast,

@@ -53,6 +53,28 @@ class SavesPastCheckpointing(MutantAdapter):
         replace(_module("sharding"), "innermost_saved_tensors_pack", lambda: None)
 
 
+class RecomputeSkipsRegather(MutantAdapter):
+    """A recomputed forward that runs without the unit's forward hooks finds the shards on the modules:
+    the engine puts the full parameters back for backward only through its forward hooks or its
+    saved-tensors unpack, and transformers 5 checkpoints a decoder layer's `forward`, not its
+    `__call__` (GradientCheckpointingLayer), so neither runs (the reference before recompute.py). The
+    recompute fails on every rank (a shard's rows against the hidden size), on the zoo's decoders under
+    `activation_checkpointing_enable()` alone: checkpoint_wrapper and the family's own ways recompute
+    through `__call__`, and resnet has no transformers checkpointing."""
+
+    name = "mutant-recompute-skips-regather"
+    bug = "a recompute that bypasses the unit's hooks (checkpointed forward, not __call__) reads the shards"
+    checks = ("test_models_composed.py::test_model_activation_checkpointing",)
+    cells = ("test_model_activation_checkpointing[*-transformers]",)
+    needs_zoo = True
+
+    def patch(self) -> None:
+        def before_backward(unit, output):
+            unit.packed = False
+
+        replace(_module("recompute"), "before_backward", before_backward)
+
+
 class MetaInitUnties(MutantAdapter):
     """Sharding a model built on the meta device gives each module that holds a shared parameter a
     Parameter of its own (FSDP1 materializes module by module with `to_empty(recurse=False)`: F47;

@@ -93,6 +93,31 @@ class UnshardedOptimizerState(MutantAdapter):
         return _FullStateTrainer(self, model, spec, recipe)
 
 
+class RootLeftReplicated(MutantAdapter):
+    """The root's own parameters (those of no unit: a language model's embedding, output projection
+    and final norm) kept whole on every rank and all-reduced, the units sharded as asked, as an
+    engine that shards the wrapped blocks alone. It trains exactly right. On the family sharding's
+    model the root holds 0.8% of the parameters, within the promises' bookkeeping slack (SMALL); on
+    llama (test_models_composed.py) a third."""
+
+    name = "mutant-root-left-replicated"
+    bug = "the root's own parameters (embedding, output projection) replicated, only the units sharded"
+    checks = ("test_models_composed.py::test_model_sharding",)
+    needs_zoo = True
+
+    def patch(self) -> None:
+        ri = importlib.import_module("shardcheck.reference_impl")
+        S = _sharding()
+        original = ri.shard
+
+        def shard(module, **kwargs):
+            if any(S.unit_of(m) is not None for m in module.modules() if m is not module):  # the root, last
+                kwargs["strategy"] = ri.ShardingStrategy.NO_SHARD
+            return original(module, **kwargs)
+
+        replace(ri, "shard", shard)
+
+
 # -- liars that the coarse rows let through: each breaks one promise row of the family's cells ----
 # `rows`: the promise rows (shardcheck/conformance/measure/promises.py) its killing cell must fail, exactly.
 
