@@ -92,6 +92,21 @@ def test_rediscovers_fsdp2_inf_norm_on_empty_shard():
     print(f"\nrediscovered in {result.examples} examples, {result.seconds:.1f} s: {dumps(first.config)}")
 
 
+def test_a_search_writes_nothing_into_the_working_folder(tmp_path):
+    """hypothesis caches what it collects in ./.hypothesis unless told: a search keeps it out of the
+    user's folder (a checkpoint check running beside it on another worker failed on the new folder)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    code = ("from shardcheck.conformance.adapters import load\n"
+            "from shardcheck.conformance.explore.search import Limits, explore\n"
+            "explore(load('reference'), seed=0, entries=[],\n"
+            "        limits=Limits(max_examples=2, budget_s=120, shrink_examples=1, max_findings=1))\n")
+    (tmp_path / "search.py").write_text(code)
+    (tmp_path / "work").mkdir()
+    done = warm_python.run([str(tmp_path / "search.py")], cwd=tmp_path / "work", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []
+
+
 def _explore_cli(*args: str, tmp_path: Path):
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     return warm_python.run(["-m", "shardcheck.conformance.cli", "explore", *args, "-o", str(tmp_path / "r.json")],

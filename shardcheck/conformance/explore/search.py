@@ -13,11 +13,14 @@ on one bug (no slippage); shrinking stops after `shrink_examples` runs (the best
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, assume, configuration, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import HypothesisException
 
@@ -132,6 +135,10 @@ class Search:
         seen["count"] += 1
 
     def one_round(self, index: int) -> NewFailure | None:
+        with _storage_outside_the_working_folder():
+            return self._one_round(index)
+
+    def _one_round(self, index: int) -> NewFailure | None:
         """One hypothesis run (seed + index); its new failure, shrunk, or None."""
         state = Round()
         caps, sizes = self.impl.capabilities, self.limits.world_sizes
@@ -178,3 +185,20 @@ def explore(impl, seed: int = 0, limits: Limits | None = None, entries: list[dic
     if entries is None:
         entries = findings.manifest_entries(impl)
     return Search(impl, seed, limits or Limits(), entries, progress).run()
+
+
+@contextlib.contextmanager
+def _storage_outside_the_working_folder():
+    """hypothesis keeps caches (the constants it collects from the code under test) in
+    ./.hypothesis unless told otherwise: a run writes nothing into the user's folder (the checkpoint
+    checks watch it), so they go to the temporary folder for the round, unless
+    HYPOTHESIS_STORAGE_DIRECTORY names a place."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    before = configuration.storage_directory(intent_to_write=False)
+    configuration.set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "shardcheck-hypothesis"))
+    try:
+        yield
+    finally:
+        configuration.set_hypothesis_home_dir(str(before))
