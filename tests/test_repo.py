@@ -40,6 +40,29 @@ def test_ci_builds_fresh_ignored_virtualenvs_and_installs_torch_first():
     assert lowest < readme_step  # the lowest-versions step comes before the README's test command
 
 
+def _ci_with_its_trap(tail: str) -> subprocess.CompletedProcess:
+    """.ci/run's own prologue (up to its trap), then `tail`, run by bash as CI runs the script."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
+    prologue = [line for line in lines[:trap + 1] if not line.startswith("cd ")]
+    return subprocess.run(["bash", "-c", "\n".join([*prologue, tail])], capture_output=True, text=True, timeout=60)
+
+
+def test_ci_exits_with_its_last_commands_status_whether_or_not_the_lane_still_runs():
+    """The EXIT trap ends the background lane's process group; when the lane had already finished,
+    that kill fails, and under `set -e` it once made a green run exit 1 (CI, stop 65)."""
+    finished = "set -m; ( true ) & LANE_PID=$!; set +m; sleep 0.5; "
+    running = "set -m; ( sleep 60 ) & LANE_PID=$!; set +m; sleep 0.2; "
+    for lane in (finished, running):
+        assert _ci_with_its_trap(lane + "true").returncode == 0
+        assert _ci_with_its_trap(lane + "false").returncode == 1
+    proc = _ci_with_its_trap(running + "echo $LANE_PID")
+    lane_pid = int(proc.stdout.split()[0])
+    states = subprocess.run(["ps", "-o", "stat=", "-g", str(lane_pid)], capture_output=True, text=True).stdout
+    assert all(state.startswith("Z") for state in states.split()), states  # ended (a zombie waits for init)
+    assert "[.ci/run] ended at" in proc.stderr
+
+
 def _lower_bounds_in_pyproject() -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = project["dependencies"] + project["optional-dependencies"]["test"]
