@@ -133,3 +133,34 @@ def test_clean_tests_keep_their_rank_processes(pool_run):
     pids = [outcome(pool_run[:3], f"test_11_a_clean_test_keeps_its_ranks[ws2-{step}]")["props"]["pid"]
             for step in range(3)]
     assert pids[0] == pids[1] == pids[2], pids
+
+
+def test_a_file_another_thread_holds_for_a_moment_is_not_a_leak(tmp_path):
+    """glibc's malloc opens /proc/sys/vm/overcommit_memory once per process, from whichever thread
+    frees first; under load a rank thread held it while its neighbour checked (a threaded zoo cell
+    failed so). A file closed within THREAD_GRACE_S is not counted; one that stays open still is."""
+    import threading
+
+    from shardcheck.harness.isolation import THREAD_GRACE_S, Baseline
+
+    path = tmp_path / "held"
+    path.write_text("x")
+    opened, go = threading.Event(), threading.Event()
+
+    def hold_for_a_moment():
+        go.wait()
+        with open(path) as f:
+            opened.set()
+            time.sleep(THREAD_GRACE_S / 4)
+            f.read()
+
+    holder = threading.Thread(target=hold_for_a_moment)
+    holder.start()
+    before = Baseline.take()
+    go.set()
+    opened.wait()
+    assert before.new_files() == {}
+    holder.join()
+    with open(path) as leaked:
+        assert list(before.new_files().values()) == [str(path)]
+        assert leaked.fileno() in before.new_files()
