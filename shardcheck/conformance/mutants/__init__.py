@@ -196,6 +196,10 @@ mutant-no-sync-reduces-twice          gradients reduced under no_sync and again,
   (NoSyncReducesTwice)                the cells [*-reshard_after_backward], [*-torch_pattern]
 mutant-last-backward-defers-reduction set_is_last_backward(False) taken as no gradient sync (reductions deferred to       test_training_loop_knobs.py::test_accumulation_flags
   (LastBackwardDefersReduction)       the backward marked last); exactly the cells [*-last_backward]
+mutant-idle-expert-grad-dropped       an expert idle on a rank keeps a None gradient there, the other ranks' reduced      test_training_loop_knobs_experts.py::test_idle_experts
+  (IdleExpertGradDropped)             contribution dropped; exactly the cells [*-idle_on_a_rank]
+mutant-idle-expert-zero-grad          an expert idle on every rank given a zero gradient (AdamW decays and steps it);     test_training_loop_knobs_experts.py::test_idle_experts
+  (IdleExpertZeroGrad)                exactly the cells [*-idle_everywhere]
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -263,6 +267,8 @@ from shardcheck.conformance.mutants.extensions import (
     ExtensionSizeUnchecked,
 )
 from shardcheck.conformance.mutants.knobs import (
+    IdleExpertGradDropped,
+    IdleExpertZeroGrad,
     KeptPastLastBackward,
     LastBackwardDefersReduction,
     NoSyncReducesTwice,
@@ -391,6 +397,8 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     KeptPastLastBackward,
     NoSyncReducesTwice,
     LastBackwardDefersReduction,
+    IdleExpertGradDropped,
+    IdleExpertZeroGrad,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

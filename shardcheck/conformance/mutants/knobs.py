@@ -181,3 +181,37 @@ class LastBackwardDefersReduction(MutantAdapter):
 
         for unit in ri.units(model, adopt=False):
             unit.sync = flag
+
+
+EXPERTS = ("test_training_loop_knobs_experts.py::test_idle_experts",)
+
+
+class IdleExpertGradDropped(MutantAdapter):
+    """A rank that routed no token to an expert keeps its gradient None after the reduction: the
+    reduction counted the missing gradient as zeros and gave this rank's rows the other ranks'
+    contribution / W, which the rank then drops (its rows of the expert never step: FULL_SHARD), or
+    its replica is left unstepped while the others step (NO_SHARD). What a reduction that decides
+    None or not from the local gradient alone does, without agreeing it across ranks as DDP's
+    find_unused_parameters does."""
+
+    name = "mutant-idle-expert-grad-dropped"
+    bug = "an expert idle on a rank keeps a None gradient there: the other ranks' reduced contribution dropped"
+    checks = EXPERTS
+    cells = ("test_idle_experts[ws2-*-idle_on_a_rank]",)
+
+    def patch(self) -> None:
+        replace(_module("routed"), "used_anywhere", lambda unit, local: local)
+
+
+class IdleExpertZeroGrad(MutantAdapter):
+    """Every parameter of a unit gets the reduced gradient, zeros for an expert no rank routed a token
+    to (the reduction of zeros for what is unused, without the used flags that keep it None): AdamW
+    then decays that expert and steps it by its moments, where unsharded training skips it."""
+
+    name = "mutant-idle-expert-zero-grad"
+    bug = "an expert idle on every rank given a zero gradient: AdamW decays it and steps its moments"
+    checks = EXPERTS
+    cells = ("test_idle_experts[ws2-*-idle_everywhere]",)
+
+    def patch(self) -> None:
+        replace(_module("routed"), "used_anywhere", lambda unit, local: [True] * len(local))

@@ -189,7 +189,14 @@ class Recipe:
       later micro-batches gather nothing; the last one reshards (capability `reshard_after_backward`).
     * `mark_last_backward`: the trainer tells the engine which backward is a step's last (FSDP2's
       `set_is_last_backward(j == k)`): the engine finalizes its backward state then only, and
-      still reduces every backward whose gradient sync is on (capability `is_last_backward`)."""
+      still reduces every backward whose gradient sync is on (capability `is_last_backward`).
+    * `routed` (capability `idle_experts`): parameters a router feeds on some ranks only (a mixture
+      of experts' experts): in a step an expert may get tokens on some ranks and none on others, or
+      none on any. Its gradient is that of unsharded data-parallel training, as DDP with
+      `find_unused_parameters=True` computes it: the sum over the ranks that used it divided by the
+      world size W (a rank that routed no token to it contributes zero), on EVERY rank; None only in
+      a step where no rank used it, and then the optimizer skips it (torch's optimizers skip a None
+      gradient: AdamW neither decays it nor advances its moments; a zero gradient would do both)."""
 
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
     optimizer: Optimizer = Optimizer()
@@ -205,6 +212,7 @@ class Recipe:
     tokens: Callable[[Any], Any] | None = None
     reshard_after_backward: bool = True
     mark_last_backward: bool = False
+    routed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.accumulation_steps < 1 or self.eval_every < 0:
