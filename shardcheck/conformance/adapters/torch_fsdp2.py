@@ -63,6 +63,7 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint", "checkpoint_reshard",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile",
         "gradient_divide_factor", "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load",
+        "idle_experts",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
@@ -91,6 +92,17 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         for path, module in spec.unit_modules(model):
             one(module, path)
         one(model, "")
+        return model
+
+    def prepare(self, model, spec: ShardSpec, recipe):
+        """Shard; with experts some ranks route no token to (`recipe.routed`), FSDP2's
+        `set_reduce_scatter_unused_params(True)` on every fully_shard'ed module, as its documentation
+        prescribes for a mixture of experts (else ranks reduce-scatter different parameters)."""
+        self.shard(model, spec)
+        if recipe.routed:
+            if not hasattr(model, "set_reduce_scatter_unused_params"):
+                raise Unsupported(f"torch {torch.__version__}: FSDP2 has no set_reduce_scatter_unused_params")
+            model.set_reduce_scatter_unused_params(True)
         return model
 
     def shard_from_rank0(self, model, spec: ShardSpec):

@@ -7,15 +7,16 @@ parameters; dp_reference.used_anywhere_): an expert used on some ranks and not o
 EVERY rank, the sum of the users' gradients divided by the world size W (an expert used on rank 1
 alone at world size 2: rank 1's gradient / 2), which is the gradient of the mean of the ranks'
 losses; an expert no rank used in a step has a None gradient, and AdamW skips it (no weight decay,
-no step by its moments), where a zero gradient would move it. Whether an engine's gradient there is
-None or zero on a rank that did not use it matters only through these two facts: the compared
-gradients and parameters.
+no step by its moments), where a zero gradient would move it. Engines leave a gradient no rank has
+None or zero: the gradients are compared with None as zeros there (parity.compare_steps), and the
+parameters after the step, strictly, tell the two apart.
 
 Each cell trains `RoutedNet` (checks/support/experts.py: a suite-defined top-1 mixture of four
 experts, one module each, routed by the batch so that the idle expert is chosen; its docstring says
 why not a transformers MoE) two steps of AdamW with weight decay, `moe` (router and experts) a unit
-of its own, under FULL_SHARD (an idle expert's rows held by a rank that did not use it) and NO_SHARD
-(replicas that must step alike), in parity with the yardstick after every step:
+of its own, under FULL_SHARD (an idle expert's rows held by a rank that did not use it), NO_SHARD
+(replicas that must step alike) and SHARD_OPTIMIZER (each rank steps its part of every expert), in
+parity with the yardstick after every step:
 
     idle_on_a_rank   every expert used by some rank and idle on another, each step
     idle_everywhere  every expert used at step 0; the last one idle on every rank at step 1
@@ -39,7 +40,7 @@ RECIPE = Recipe(loss_fn=experts.loss_fn, optimizer=Optimizer("adamw", lr=1e-2, w
 @distributed(world_size=[2, 4])
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"])} | of_loop(RECIPE))
 @pytest.mark.parametrize("routes", experts.ROUTES)
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_idle_experts(ctx, impl, strategy, routes):
     """Experts idle on some ranks (or on all) in a step: gradients and parameters as unsharded
     data-parallel training's (module doc)."""
