@@ -22,7 +22,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "checkpoint_reshard", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile", "tensor_parallel", "gradient_divide_factor",
-        "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load", "idle_experts",
+        "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load", "idle_experts", "expert_mesh",
     })
 
     def shard(self, model, spec: ShardSpec):
@@ -30,6 +30,10 @@ class ReferenceAdapter(TorchStyleAdapter):
             ri.parallelize(model, spec.mesh["tp"].get_group(), spec.tensor_parallel)
 
         def one(module, path):
+            if path in spec.unit_meshes:  # a mesh of its own: shard over its second dimension, replicate over its first
+                return ri.shard(module, mesh=spec.unit_meshes[path], strategy=ri.ShardingStrategy.HYBRID_SHARD,
+                                mixed_precision=spec.mixed_precision_of(path), offload=spec.offload,
+                                gradient_divide_factor=spec.gradient_divide_factor)
             ri.shard(module, mesh=spec.dp_mesh, strategy=STRATEGIES[spec.strategy_of(path)],
                      mixed_precision=spec.mixed_precision_of(path), offload=spec.offload,
                      gradient_divide_factor=spec.gradient_divide_factor)

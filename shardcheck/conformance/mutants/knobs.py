@@ -215,3 +215,27 @@ class IdleExpertZeroGrad(MutantAdapter):
 
     def patch(self) -> None:
         replace(_module("routed"), "used_anywhere", lambda unit, local: [True] * len(local))
+
+
+class ExpertMeshUnreplicated(MutantAdapter):
+    """The experts' unit sharded over the shard dimension of their mesh alone (the 1-D dp_shard_mod_ep
+    sub-mesh handed to the wrapper instead of the 2-D mesh): their gradients are averaged within it and
+    never across the other dimension, so the expert replicas drift apart and each holds the mean of
+    its own group's tokens (at world size 2, (2, 1): no reduction at all)."""
+
+    name = "mutant-expert-mesh-unreplicated"
+    bug = "experts sharded over their sub-mesh's shard dimension alone: gradients never reduced across the other"
+    checks = ("test_training_loop_knobs_experts.py::test_experts_on_their_own_mesh",)
+    cells = ("test_experts_on_their_own_mesh[ws2-*]",)
+
+    def patch(self) -> None:
+        pass  # the bug is the adapter's mapping of the mesh (class doc)
+
+    def shard(self, model, spec):
+        import dataclasses
+
+        import shardcheck.reference_impl as ri
+
+        for path, mesh in spec.unit_meshes.items():
+            ri.shard(model.get_submodule(path), mesh=mesh[mesh.mesh_dim_names[-1]], strategy=ri.ShardingStrategy.FULL_SHARD)
+        return super().shard(model, dataclasses.replace(spec, unit_meshes={}))

@@ -90,6 +90,10 @@ BEHAVIOUR |= {
                     "the gradient of unsharded data-parallel training (DDP with find_unused_parameters): the sum over "
                     "the ranks that used the expert divided by the world size, on every rank; None, and skipped by the "
                     "optimizer, only in a step where no rank used it",
+    "expert_mesh": "ShardSpec.unit_meshes: a unit (a mixture of experts' experts) sharded over a 2-D mesh of its own "
+                   "(sharded over its second dimension, replicated over its first: torchtitan's fully_shard of the "
+                   "experts over dp_shard_mod_ep) while the rest of the model shards over the 1-D data-parallel mesh; "
+                   "every gradient still the mean over all data-parallel ranks",
 }
 
 API = {

@@ -28,7 +28,7 @@ import pytest
 
 from shardcheck.conformance.checks.support import experts
 from shardcheck.conformance.checks.support.parity import train_in_parity
-from shardcheck.conformance.protocol import Optimizer, Recipe, ShardSpec
+from shardcheck.conformance.protocol import Clip, Optimizer, Recipe, ShardSpec
 from shardcheck.conformance.protocol.capabilities import of_loop, of_strategy
 from shardcheck.harness import distributed
 
@@ -46,3 +46,21 @@ def test_idle_experts(ctx, impl, strategy, routes):
     data-parallel training's (module doc)."""
     spec = ShardSpec(strategy=strategy, units=experts.UNITS, mesh=ctx.mesh())
     train_in_parity(ctx, impl, experts.RoutedNet, spec, RECIPE, experts.batches(ctx, routes, STEPS))
+
+
+MESH_RECIPES = {"unclipped": Recipe(loss_fn=experts.loss_fn, optimizer=Optimizer("adam", lr=1e-2)),
+                "norm2": Recipe(loss_fn=experts.loss_fn, optimizer=Optimizer("adam", lr=1e-2), clip=Clip(0.5, 2.0))}
+
+
+@distributed(world_size=[2, 4])
+@pytest.mark.requires.with_args(lambda params: {"full_shard", "expert_mesh"} | of_loop(MESH_RECIPES[params["clip"]])
+                                | ({"clip_norm_2"} if MESH_RECIPES[params["clip"]].clip else set()))
+@pytest.mark.parametrize("clip", sorted(MESH_RECIPES))
+def test_experts_on_their_own_mesh(ctx, impl, clip):
+    """The experts sharded over a 2-D (ep, dp_shard_mod_ep) mesh of their own, (2, W/2), the rest of
+    the model FULL_SHARD over all W ranks: gradients (each the mean over all W ranks), the clipped
+    global norm (one norm over parameters on two meshes) and the parameters as unsharded
+    data-parallel training's (module doc)."""
+    own = ctx.mesh((2, ctx.world_size // 2), ("ep", "dp_shard_mod_ep"))
+    spec = ShardSpec(strategy="FULL_SHARD", mesh=ctx.mesh(), unit_meshes={experts.EXPERT_UNIT: own})
+    train_in_parity(ctx, impl, experts.RoutedNet, spec, MESH_RECIPES[clip], experts.batches(ctx, "every_expert", STEPS))

@@ -22,6 +22,7 @@ The schedules (`ROUTES`; rank r of W, step s, E = EXPERTS):
     idle_everywhere  step 0: every rank routes to every expert; from step 1 no rank routes to expert
                      E - 1: its gradient is None (unsharded data-parallel training: no rank has one),
                      and AdamW must skip it; a zero gradient would decay it and step it by its moments
+    every_expert     every rank routes to every expert (the experts on a mesh of their own: `expert_mesh`)
 """
 
 from __future__ import annotations
@@ -32,26 +33,37 @@ import torch.nn.functional as F
 
 EXPERTS, WIDTH, TOKENS = 4, 4, 6
 UNITS = ("moe",)  # the block holding router and experts is a unit, as recipes wrap per decoder layer
-ROUTED = tuple(f"moe.experts.{e}.{layer}.{kind}" for e in range(EXPERTS) for layer in (0, 2)
+EXPERT_UNIT = "moe.experts"  # the experts' unit on a mesh of their own (ShardSpec.unit_meshes)
+ROUTED = tuple(f"moe.experts.mlps.{e}.{layer}.{kind}" for e in range(EXPERTS) for layer in (0, 2)
                for kind in ("weight", "bias"))
+
+
+class Experts(nn.Module):
+    """The experts, one module each (`mlps`), called on the tokens routed to them, scaled by their gates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(WIDTH, 6), nn.Tanh(), nn.Linear(6, WIDTH))
+                                  for _ in range(EXPERTS))
+
+    def forward(self, h: torch.Tensor, route: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(h)
+        for e, mlp in enumerate(self.mlps):
+            rows = (route == e).nonzero().view(-1)
+            if rows.numel() == 0:
+                continue  # no token for this expert here: not called, no gradient on this rank
+            out = out.index_add(0, rows, gates[rows, e:e + 1] * mlp(h[rows]))
+        return out
 
 
 class MoE(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.router = nn.Linear(WIDTH, EXPERTS)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(WIDTH, 6), nn.Tanh(), nn.Linear(6, WIDTH))
-                                     for _ in range(EXPERTS))
+        self.experts = Experts()
 
     def forward(self, h: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
-        gates = torch.softmax(self.router(h), dim=-1)
-        out = torch.zeros_like(h)
-        for e, expert in enumerate(self.experts):
-            rows = (route == e).nonzero().view(-1)
-            if rows.numel() == 0:
-                continue  # no token for this expert here: not called, no gradient on this rank
-            out = out.index_add(0, rows, gates[rows, e:e + 1] * expert(h[rows]))
-        return out
+        return self.experts(h, route, torch.softmax(self.router(h), dim=-1))
 
 
 class RoutedNet(nn.Module):
@@ -78,6 +90,8 @@ def experts_used(schedule: str, rank: int, step: int) -> list[int]:
         return [e for e in range(EXPERTS) if e != (step + rank) % EXPERTS]
     if schedule == "idle_everywhere":
         return list(range(EXPERTS if step == 0 else EXPERTS - 1))
+    if schedule == "every_expert":
+        return list(range(EXPERTS))
     raise ValueError(f"unknown routing schedule {schedule!r}; one of {', '.join(ROUTES)}")
 
 
