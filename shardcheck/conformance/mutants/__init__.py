@@ -269,15 +269,8 @@ from shardcheck.conformance.mutants.extensions import (
     ExtensionSizeUnchecked,
 )
 from shardcheck.conformance.mutants.knobs import (
-    ExpertMeshUnreplicated,
-    IdleExpertGradDropped,
-    IdleExpertZeroGrad,
-    KeptPastLastBackward,
-    LastBackwardDefersReduction,
-    NoSyncReducesTwice,
-    ReshardFlagIgnored,
-    TokenCountLocal,
-    TokenMeanPerMicroBatch,
+    ExpertMeshUnreplicated, IdleExpertGradDropped, IdleExpertZeroGrad, KeptPastLastBackward, LastBackwardDefersReduction,
+    NoSyncReducesTwice, ReshardFlagIgnored, TokenCountLocal, TokenMeanPerMicroBatch,
 )
 from shardcheck.conformance.mutants.loop import (
     AccumulationOverwrite,
@@ -394,15 +387,8 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ReduceDtypeFromTrainable,
     UnsyncedHeldInParamDtype,
     ExtensionLocalRowsRefused,
-    TokenMeanPerMicroBatch,
-    TokenCountLocal,
-    ReshardFlagIgnored,
-    KeptPastLastBackward,
-    NoSyncReducesTwice,
-    LastBackwardDefersReduction,
-    IdleExpertGradDropped,
-    IdleExpertZeroGrad,
-    ExpertMeshUnreplicated,
+    TokenMeanPerMicroBatch, TokenCountLocal, ReshardFlagIgnored, KeptPastLastBackward, NoSyncReducesTwice,
+    LastBackwardDefersReduction, IdleExpertGradDropped, IdleExpertZeroGrad, ExpertMeshUnreplicated,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]
