@@ -10,6 +10,8 @@ by all-reducing its map of locally used parameters; a unit with ``reduce_unused`
 one all-reduce of one flag per parameter over the data-parallel ranks, with each reduction. Without
 it a gradient missing here stays None after the reduction, which is right only when every rank
 misses it alike (parameters no forward ever uses), so it is off by default, as DDP's flag is.
+The agreement happens in a unit's backward, so a unit must run one on every rank: the unit holding
+the experts holds their router too (a MoE block, a decoder layer), which every rank's tokens use.
 """
 from __future__ import annotations
 

@@ -306,7 +306,7 @@ class Unit:
 
     def reduce_grads(self, grads) -> None:
         """Full gradients -> averaged shard gradients, accumulated into ``shard.grad``: one collective for all plain
-        parameters (a missing gradient counts as zeros, kept None unless some rank has one: routed.py), one per extension."""
+        parameters (a missing gradient counts as zeros; None where this rank, or with routed.py every rank, has none), one per extension."""
         keep_or_reshard(self)
         if not self.sync:
             return hold(self, grads)
