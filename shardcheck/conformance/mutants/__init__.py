@@ -200,6 +200,8 @@ mutant-idle-expert-grad-dropped       an expert idle on a rank keeps a None grad
   (IdleExpertGradDropped)             contribution dropped; exactly the cells [*-idle_on_a_rank]
 mutant-idle-expert-zero-grad          an expert idle on every rank given a zero gradient (AdamW decays and steps it);     test_training_loop_knobs_experts.py::test_idle_experts
   (IdleExpertZeroGrad)                exactly the cells [*-idle_everywhere]
+mutant-idle-expert-mean-over-users    an expert's gradient divided by the number of ranks that used it, not the world     test_training_loop_knobs_experts.py::test_idle_experts
+  (IdleExpertMeanOverUsers)           size; exactly the cells [*-idle_on_a_rank]
 mutant-expert-mesh-unreplicated       experts sharded over their sub-mesh's shard dimension alone (gradients never      test_training_loop_knobs_experts.py::test_experts_on_their_own_mesh
   (ExpertMeshUnreplicated)            reduced across its other dimension); exactly every cell
 ====================================  ==================================================================================  ==================================================================
@@ -269,8 +271,8 @@ from shardcheck.conformance.mutants.extensions import (
     ExtensionSizeUnchecked,
 )
 from shardcheck.conformance.mutants.knobs import (
-    ExpertMeshUnreplicated, IdleExpertGradDropped, IdleExpertZeroGrad, KeptPastLastBackward, LastBackwardDefersReduction,
-    NoSyncReducesTwice, ReshardFlagIgnored, TokenCountLocal, TokenMeanPerMicroBatch,
+    ExpertMeshUnreplicated, IdleExpertGradDropped, IdleExpertMeanOverUsers, IdleExpertZeroGrad, KeptPastLastBackward,
+    LastBackwardDefersReduction, NoSyncReducesTwice, ReshardFlagIgnored, TokenCountLocal, TokenMeanPerMicroBatch,
 )
 from shardcheck.conformance.mutants.loop import (
     AccumulationOverwrite,
@@ -388,7 +390,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     UnsyncedHeldInParamDtype,
     ExtensionLocalRowsRefused,
     TokenMeanPerMicroBatch, TokenCountLocal, ReshardFlagIgnored, KeptPastLastBackward, NoSyncReducesTwice,
-    LastBackwardDefersReduction, IdleExpertGradDropped, IdleExpertZeroGrad, ExpertMeshUnreplicated,
+    LastBackwardDefersReduction, IdleExpertGradDropped, IdleExpertZeroGrad, IdleExpertMeanOverUsers, ExpertMeshUnreplicated,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

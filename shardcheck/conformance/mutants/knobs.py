@@ -239,3 +239,38 @@ class ExpertMeshUnreplicated(MutantAdapter):
         for path, mesh in spec.unit_meshes.items():
             ri.shard(model.get_submodule(path), mesh=mesh[mesh.mesh_dim_names[-1]], strategy=ri.ShardingStrategy.FULL_SHARD)
         return super().shard(model, dataclasses.replace(spec, unit_meshes={}))
+
+
+class IdleExpertMeanOverUsers(MutantAdapter):
+    """An expert's gradient averaged over the ranks that used it instead of the world: the sum divided by
+    their count, as a reduction that leaves out the ranks without a gradient and divides by those left
+    (an expert used by 1 of 2 ranks gets that rank's whole gradient, not half of it)."""
+
+    name = "mutant-idle-expert-mean-over-users"
+    bug = "an expert's gradient divided by the number of ranks that used it, not by the world size"
+    checks = EXPERTS
+    cells = ("test_idle_experts[ws2-*-idle_on_a_rank]",)
+
+    def patch(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        routed, sharding = _module("routed"), _module("sharding")
+        scales: list[float] = []
+
+        def used_anywhere(unit, local):
+            if not unit.reduce_unused:
+                return local
+            counts = torch.tensor(local, dtype=torch.int32, device=unit.device)
+            dist.all_reduce(counts, group=unit.dp_group)
+            size = dist.get_world_size(unit.dp_group)
+            scales.extend(size / c for c in counts.tolist() if c)
+            return [bool(c) for c in counts.tolist()]
+
+        original = sharding._accumulate
+
+        def accumulate(param, grad, dtype):
+            return original(param, grad * scales.pop(0) if scales else grad, dtype)
+
+        replace(routed, "used_anywhere", used_anywhere)
+        replace(sharding, "_accumulate", accumulate)
