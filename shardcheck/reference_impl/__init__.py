@@ -32,6 +32,8 @@ per dtype makes the parameters whole again (``optimizer.py``).
 Gradient accumulation: backwards inside ``no_sync(root)`` keep full gradients on the rank,
 summed; the next backward reduces the sum with its own; ``set_reshard_after_backward(root, False)``
 keeps the gathered parameters for the next micro-batch's forward (``accumulation.py``).
+``set_reduce_unused(root, True)``: a gradient some ranks lack (an expert routed no token there) is
+kept wherever some rank has one, None where none has, as DDP's find_unused_parameters (``routed.py``).
 
 Tensor parallelism (``parallelize``, before ``shard``): Megatron's column- and row-parallel linears
 over a second group; the units then shard the TP slices over the data-parallel group
@@ -42,6 +44,7 @@ Mixed precision casts shards to ``param_dtype`` before the all-gather and reduce
 (``fsdp_pre_all_gather`` / ``fsdp_post_all_gather``) let a parameter choose what is communicated.
 """
 from .accumulation import no_sync, set_reshard_after_backward
+from .routed import set_reduce_unused
 from .clip import clip_grad_norm_
 from .comm_hooks import (
     DefaultState,
@@ -60,7 +63,7 @@ from .sharding import ShardingStrategy, Unit, local_shard, shard, units
 from .tensor_parallel import parallelize
 
 __all__ = [
-    "shard", "no_sync", "set_reshard_after_backward", "ShardingStrategy", "MixedPrecision", "Unit", "units", "local_shard",
+    "shard", "no_sync", "set_reshard_after_backward", "set_reduce_unused", "ShardingStrategy", "MixedPrecision", "Unit", "units", "local_shard",
     "full_params", "full_state", "full_grads", "clip_grad_norm_", "ShardedGradScaler",
     "register_comm_hook", "DefaultState", "LowPrecisionState", "allreduce_hook",
     "reduce_scatter_hook", "fp16_compress_hook", "bf16_compress_hook", "parallelize", "ShardedOptimizer",

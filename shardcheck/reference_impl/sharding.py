@@ -35,7 +35,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from shardcheck.compat import in_backward, innermost_saved_tensors_pack, set_grad
-from . import buffers, collectives as C, recompute
+from . import buffers, collectives as C, recompute, routed
 from .unsynced import gathered, hold, keep_or_reshard, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
@@ -141,8 +141,8 @@ def units(module: nn.Module, adopt: bool = True) -> list[Unit]:
 
 
 def local_shard(param: nn.Parameter) -> nn.Parameter:
-    """The tensor that is all-gathered from: the registered sharded parameter itself.  Monkey-patch
-    ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` on it (after ``to_empty()``, which may replace tensor contents)."""
+    """The tensor all-gathered from: the registered sharded parameter itself (monkey-patch ``fsdp_pre_all_gather`` /
+    ``fsdp_post_all_gather`` on it after ``to_empty()``, which may replace tensor contents)."""
     return param
 
 
@@ -181,6 +181,7 @@ class Unit:
     reshard_after_backward: bool = True  # False: backward keeps the full parameters for the next forward
     kept: Optional[list] = None  # those full parameters (unsynced.py)
     packed: bool = False  # a parameter's view was packed by pack_for_backward in this forward (recompute.py)
+    reduce_unused: bool = False  # agree which parameters some rank has a gradient for (routed.py)
 
     def __repr__(self) -> str:
         return f"Unit({type(self.module).__name__}, {self.strategy.name}, {len(self.params)} params, root={self.is_root})"
@@ -304,21 +305,20 @@ class Unit:
         return out
 
     def reduce_grads(self, grads) -> None:
-        """Full gradients -> averaged shard gradients, accumulated into ``shard.grad``: one
-        collective for all plain parameters (a missing gradient counts as zeros), then one per
-        parameter with an all-gather extension."""
+        """Full gradients -> averaged shard gradients, accumulated into ``shard.grad``: one collective for all plain
+        parameters (a missing gradient counts as zeros; None where this rank, or with routed.py every rank, has none), one per extension."""
         keep_or_reshard(self)
         if not self.sync:
             return hold(self, grads)
         grads = merge_unsynced(self, grads)
         plain = [i for i, p in enumerate(self.params) if p.extension is None and p.shard.requires_grad]
-        if any(grads[i] is not None for i in plain):
+        if plain and (self.reduce_unused or any(grads[i] is not None for i in plain)):
             rdtype = reduce_dtype(self.mp, self.params[plain[0]].shard.dtype)
             slots = [self.params[i].slot for i in plain]
             flat = C.pack_full([grads[i] for i in plain], slots, self.shard_size, rdtype, self.device)
             shard_grads = C.unpack_shards(self.communicate(flat), slots, self.shard_rank)
-            for i, g in zip(plain, shard_grads):
-                if grads[i] is not None:
+            for i, g, used in zip(plain, shard_grads, routed.used_anywhere(self, [grads[i] is not None for i in plain])):
+                if used:
                     _accumulate(self.params[i].shard, g, grad_dtype(self.mp, self.params[i].shard.dtype))
         for p, g in zip(self.params, grads):
             if p.extension is not None and p.shard.requires_grad and g is not None:

@@ -25,7 +25,7 @@ class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
     strategy = Strategy.NO_SHARD  # the one strategy it answers (torch-zero: SHARD_OPTIMIZER)
     capabilities = TorchStyleAdapter.implied({"checkpoint", "checkpoint_reshard", "no_shard", "orig_params", "clip_grad_norm", "sharded_grad_scaler"}) | {
         "mixed_precision_bf16", "mixed_precision_fp16", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
-        "activation_checkpointing", "buffers", "compile", "token_weighted_loss"}
+        "activation_checkpointing", "buffers", "compile", "token_weighted_loss", "idle_experts"}
 
     def prepare(self, model: nn.Module, spec: ShardSpec, recipe) -> nn.Module:
         """DDP needs to be told of parameters that get no gradient (`find_unused_parameters`), as its
@@ -34,8 +34,9 @@ class DDPAdapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         the argument's description, and the "Expected to have finished reduction in the prior
         iteration" error, which names it): a model with unused parameters, frozen ones, or a
         schedule that changes requires_grad (FINDINGS F54: with it, a layer frozen after wrapping is
-        averaged; a layer unfrozen after wrapping still is not, as DDP documents)."""
-        changes = bool(recipe.unused or recipe.frozen or recipe.requires_grad_at)
+        averaged; a layer unfrozen after wrapping still is not, as DDP documents), or experts that
+        some ranks route no token to (`recipe.routed`)."""
+        changes = bool(recipe.unused or recipe.frozen or recipe.requires_grad_at or recipe.routed)
         return self.shard(model, spec, find_unused_parameters=changes)
 
     def no_sync(self, model):

@@ -22,7 +22,7 @@ class ReferenceAdapter(TorchStyleAdapter):
         "sharded_grad_scaler", "comm_hooks", "compression_hooks", "all_gather_extensions",
         "meta_init", "checkpoint", "checkpoint_reshard", "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes",
         "activation_checkpointing", "buffers", "compile", "tensor_parallel", "gradient_divide_factor",
-        "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load",
+        "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load", "idle_experts", "expert_mesh",
     })
 
     def shard(self, model, spec: ShardSpec):
@@ -30,6 +30,10 @@ class ReferenceAdapter(TorchStyleAdapter):
             ri.parallelize(model, spec.mesh["tp"].get_group(), spec.tensor_parallel)
 
         def one(module, path):
+            if path in spec.unit_meshes:  # a mesh of its own: shard over its second dimension, replicate over its first
+                return ri.shard(module, mesh=spec.unit_meshes[path], strategy=ri.ShardingStrategy.HYBRID_SHARD,
+                                mixed_precision=spec.mixed_precision_of(path), offload=spec.offload,
+                                gradient_divide_factor=spec.gradient_divide_factor)
             ri.shard(module, mesh=spec.dp_mesh, strategy=STRATEGIES[spec.strategy_of(path)],
                      mixed_precision=spec.mixed_precision_of(path), offload=spec.offload,
                      gradient_divide_factor=spec.gradient_divide_factor)
@@ -37,6 +41,14 @@ class ReferenceAdapter(TorchStyleAdapter):
         for path, module in spec.unit_modules(model):
             one(module, path)
         one(model, "")
+        return model
+
+    def prepare(self, model, spec: ShardSpec, recipe):
+        """Shard; with experts some ranks route no token to (`recipe.routed`) every unit agrees which
+        parameters some rank has a gradient for, as DDP's find_unused_parameters does (routed.py)."""
+        self.shard(model, spec)
+        if recipe.routed:
+            ri.set_reduce_unused(model, True)
         return model
 
     def shard_from_rank0(self, model, spec: ShardSpec):

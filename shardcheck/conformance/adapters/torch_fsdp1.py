@@ -65,7 +65,7 @@ class TorchFSDP1Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "mixed_strategy", "nested_units",
         "mixed_precision", "keep_low_precision_grads", "per_unit_mixed_precision", "buffer_dtype", "cpu_offload",
         "clip_grad_norm", "sharded_grad_scaler", "comm_hooks", "compression_hooks",
-        "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "meta_init", "checkpoint", "checkpoint_reshard", "activation_checkpointing", "buffers", "compile",
+        "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "meta_init", "checkpoint", "checkpoint_reshard", "activation_checkpointing", "buffers", "compile", "idle_experts",
         "token_weighted_loss", "reshard_after_backward", "meta_load",
     })
     variants = {"flat": "use_orig_params=False: each unit's parameters in one flat parameter"}

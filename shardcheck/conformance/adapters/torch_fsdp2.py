@@ -6,7 +6,8 @@ HYBRID_SHARD is the (replicate, shard) 2-D mesh of the spec; NO_SHARD is `fully_
 all-reduced gradients) while parameters stay DTensors, so full_params, clip_grad_norm_, the grad
 scaler and mixed strategies work as for the sharded cases (`_composable.replicate` is a separate
 DDP-based code path that does not compose with `fully_shard` units or DTensor clipping).
-`ShardSpec.gradient_divide_factor` is `set_gradient_divide_factor` on every `fully_shard`ed module.
+`ShardSpec.gradient_divide_factor` is `set_gradient_divide_factor` on every `fully_shard`ed module; a unit
+of `ShardSpec.unit_meshes` is `fully_shard`ed on its own 2-D mesh (HSDP), as torchtitan shards experts.
 The accumulation knobs are the root's `set_requires_gradient_sync` (no_sync), `set_reshard_after_backward`
 and `set_is_last_backward`, set before each micro-batch as torch's test_fully_shard_training does.
 """
@@ -63,6 +64,7 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         "all_gather_extensions", "meta_init", "tensor_parallel", "dtensor_tensor_parallel", "dtensor_grads", "checkpoint", "checkpoint_reshard",
         "grad_accumulation", "no_sync", "eval_forward", "unused_params", "requires_grad_changes", "activation_checkpointing", "buffers", "compile",
         "gradient_divide_factor", "token_weighted_loss", "reshard_after_backward", "is_last_backward", "meta_load",
+        "idle_experts", "expert_mesh",
     })
 
     def _mesh(self, spec: ShardSpec, strategy: str):
@@ -83,7 +85,8 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
 
         def one(module, path):
             strategy, kwargs = spec.strategy_of(path), dict(offload_policy=offload) if offload else {}
-            fully_shard(module, mesh=self._mesh(spec, strategy), mp_policy=policy(path),
+            mesh = spec.unit_meshes[path] if path in spec.unit_meshes else self._mesh(spec, strategy)  # HSDP on its own
+            fully_shard(module, mesh=mesh, mp_policy=policy(path),
                         reshard_after_forward=strategy in (Strategy.FULL_SHARD, Strategy.HYBRID_SHARD), **kwargs)
             if spec.gradient_divide_factor is not None:  # per fully_shard'ed module, as torch documents it
                 module.set_gradient_divide_factor(spec.gradient_divide_factor)
@@ -91,6 +94,17 @@ class TorchFSDP2Adapter(dcp.DCPCheckpoints, TorchStyleAdapter):
         for path, module in spec.unit_modules(model):
             one(module, path)
         one(model, "")
+        return model
+
+    def prepare(self, model, spec: ShardSpec, recipe):
+        """Shard; with experts some ranks route no token to (`recipe.routed`), FSDP2's
+        `set_reduce_scatter_unused_params(True)` on every fully_shard'ed module, as its documentation
+        prescribes for a mixture of experts (else ranks reduce-scatter different parameters)."""
+        self.shard(model, spec)
+        if recipe.routed:
+            if not hasattr(model, "set_reduce_scatter_unused_params"):
+                raise Unsupported(f"torch {torch.__version__}: FSDP2 has no set_reduce_scatter_unused_params")
+            model.set_reduce_scatter_unused_params(True)
         return model
 
     def shard_from_rank0(self, model, spec: ShardSpec):

@@ -196,6 +196,14 @@ mutant-no-sync-reduces-twice          gradients reduced under no_sync and again,
   (NoSyncReducesTwice)                the cells [*-reshard_after_backward], [*-torch_pattern]
 mutant-last-backward-defers-reduction set_is_last_backward(False) taken as no gradient sync (reductions deferred to       test_training_loop_knobs.py::test_accumulation_flags
   (LastBackwardDefersReduction)       the backward marked last); exactly the cells [*-last_backward]
+mutant-idle-expert-grad-dropped       an expert idle on a rank keeps a None gradient there, the other ranks' reduced      test_training_loop_knobs_experts.py::test_idle_experts
+  (IdleExpertGradDropped)             contribution dropped; exactly the cells [*-idle_on_a_rank]
+mutant-idle-expert-zero-grad          an expert idle on every rank given a zero gradient (AdamW decays and steps it);     test_training_loop_knobs_experts.py::test_idle_experts
+  (IdleExpertZeroGrad)                exactly the cells [*-idle_everywhere]
+mutant-idle-expert-mean-over-users    an expert's gradient divided by the number of ranks that used it, not the world     test_training_loop_knobs_experts.py::test_idle_experts
+  (IdleExpertMeanOverUsers)           size; exactly the cells [*-idle_on_a_rank]
+mutant-expert-mesh-unreplicated       experts sharded over their sub-mesh's shard dimension alone (gradients never      test_training_loop_knobs_experts.py::test_experts_on_their_own_mesh
+  (ExpertMeshUnreplicated)            reduced across its other dimension); exactly every cell
 ====================================  ==================================================================================  ==================================================================
 """
 
@@ -263,12 +271,8 @@ from shardcheck.conformance.mutants.extensions import (
     ExtensionSizeUnchecked,
 )
 from shardcheck.conformance.mutants.knobs import (
-    KeptPastLastBackward,
-    LastBackwardDefersReduction,
-    NoSyncReducesTwice,
-    ReshardFlagIgnored,
-    TokenCountLocal,
-    TokenMeanPerMicroBatch,
+    ExpertMeshUnreplicated, IdleExpertGradDropped, IdleExpertMeanOverUsers, IdleExpertZeroGrad, KeptPastLastBackward,
+    LastBackwardDefersReduction, NoSyncReducesTwice, ReshardFlagIgnored, TokenCountLocal, TokenMeanPerMicroBatch,
 )
 from shardcheck.conformance.mutants.loop import (
     AccumulationOverwrite,
@@ -385,12 +389,8 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     ReduceDtypeFromTrainable,
     UnsyncedHeldInParamDtype,
     ExtensionLocalRowsRefused,
-    TokenMeanPerMicroBatch,
-    TokenCountLocal,
-    ReshardFlagIgnored,
-    KeptPastLastBackward,
-    NoSyncReducesTwice,
-    LastBackwardDefersReduction,
+    TokenMeanPerMicroBatch, TokenCountLocal, ReshardFlagIgnored, KeptPastLastBackward, NoSyncReducesTwice,
+    LastBackwardDefersReduction, IdleExpertGradDropped, IdleExpertZeroGrad, IdleExpertMeanOverUsers, ExpertMeshUnreplicated,
 )
 
 __all__ = ["MUTANTS", "MutantAdapter", "applied"] + [m.__name__ for m in MUTANTS]

@@ -181,3 +181,96 @@ class LastBackwardDefersReduction(MutantAdapter):
 
         for unit in ri.units(model, adopt=False):
             unit.sync = flag
+
+
+EXPERTS = ("test_training_loop_knobs_experts.py::test_idle_experts",)
+
+
+class IdleExpertGradDropped(MutantAdapter):
+    """A rank that routed no token to an expert keeps its gradient None after the reduction: the
+    reduction counted the missing gradient as zeros and gave this rank's rows the other ranks'
+    contribution / W, which the rank then drops (its rows of the expert never step: FULL_SHARD), or
+    its replica is left unstepped while the others step (NO_SHARD). What a reduction that decides
+    None or not from the local gradient alone does, without agreeing it across ranks as DDP's
+    find_unused_parameters does."""
+
+    name = "mutant-idle-expert-grad-dropped"
+    bug = "an expert idle on a rank keeps a None gradient there: the other ranks' reduced contribution dropped"
+    checks = EXPERTS
+    cells = ("test_idle_experts[ws2-*-idle_on_a_rank]",)
+
+    def patch(self) -> None:
+        replace(_module("routed"), "used_anywhere", lambda unit, local: local)
+
+
+class IdleExpertZeroGrad(MutantAdapter):
+    """Every parameter of a unit gets the reduced gradient, zeros for an expert no rank routed a token
+    to (the reduction of zeros for what is unused, without the used flags that keep it None): AdamW
+    then decays that expert and steps it by its moments, where unsharded training skips it."""
+
+    name = "mutant-idle-expert-zero-grad"
+    bug = "an expert idle on every rank given a zero gradient: AdamW decays it and steps its moments"
+    checks = EXPERTS
+    cells = ("test_idle_experts[ws2-*-idle_everywhere]",)
+
+    def patch(self) -> None:
+        replace(_module("routed"), "used_anywhere", lambda unit, local: [True] * len(local))
+
+
+class ExpertMeshUnreplicated(MutantAdapter):
+    """The experts' unit sharded over the shard dimension of their mesh alone (the 1-D dp_shard_mod_ep
+    sub-mesh handed to the wrapper instead of the 2-D mesh): their gradients are averaged within it and
+    never across the other dimension, so the expert replicas drift apart and each holds the mean of
+    its own group's tokens (at world size 2, (2, 1): no reduction at all)."""
+
+    name = "mutant-expert-mesh-unreplicated"
+    bug = "experts sharded over their sub-mesh's shard dimension alone: gradients never reduced across the other"
+    checks = ("test_training_loop_knobs_experts.py::test_experts_on_their_own_mesh",)
+    cells = ("test_experts_on_their_own_mesh[ws2-*]",)
+
+    def patch(self) -> None:
+        pass  # the bug is the adapter's mapping of the mesh (class doc)
+
+    def shard(self, model, spec):
+        import dataclasses
+
+        import shardcheck.reference_impl as ri
+
+        for path, mesh in spec.unit_meshes.items():
+            ri.shard(model.get_submodule(path), mesh=mesh[mesh.mesh_dim_names[-1]], strategy=ri.ShardingStrategy.FULL_SHARD)
+        return super().shard(model, dataclasses.replace(spec, unit_meshes={}))
+
+
+class IdleExpertMeanOverUsers(MutantAdapter):
+    """An expert's gradient averaged over the ranks that used it instead of the world: the sum divided by
+    their count, as a reduction that leaves out the ranks without a gradient and divides by those left
+    (an expert used by 1 of 2 ranks gets that rank's whole gradient, not half of it)."""
+
+    name = "mutant-idle-expert-mean-over-users"
+    bug = "an expert's gradient divided by the number of ranks that used it, not by the world size"
+    checks = EXPERTS
+    cells = ("test_idle_experts[ws2-*-idle_on_a_rank]",)
+
+    def patch(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        routed, sharding = _module("routed"), _module("sharding")
+        scales: list[float] = []
+
+        def used_anywhere(unit, local):
+            if not unit.reduce_unused:
+                return local
+            counts = torch.tensor(local, dtype=torch.int32, device=unit.device)
+            dist.all_reduce(counts, group=unit.dp_group)
+            size = dist.get_world_size(unit.dp_group)
+            scales.extend(size / c for c in counts.tolist() if c)
+            return [bool(c) for c in counts.tolist()]
+
+        original = sharding._accumulate
+
+        def accumulate(param, grad, dtype):
+            return original(param, grad * scales.pop(0) if scales else grad, dtype)
+
+        replace(routed, "used_anywhere", used_anywhere)
+        replace(sharding, "_accumulate", accumulate)

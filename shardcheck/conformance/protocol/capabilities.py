@@ -84,6 +84,18 @@ BEHAVIOUR |= {
                  "set_model_state_dict(broadcast_from_rank0=True))",
 }
 
+# Mixtures of experts (issue 60, the loop's knobs).
+BEHAVIOUR |= {
+    "idle_experts": "Recipe.routed: experts that get tokens on some ranks and none on others in a step, or none on any: "
+                    "the gradient of unsharded data-parallel training (DDP with find_unused_parameters): the sum over "
+                    "the ranks that used the expert divided by the world size, on every rank; None, and skipped by the "
+                    "optimizer, only in a step where no rank used it",
+    "expert_mesh": "ShardSpec.unit_meshes: a unit (a mixture of experts' experts) sharded over a 2-D mesh of its own "
+                   "(sharded over its second dimension, replicated over its first: torchtitan's fully_shard of the "
+                   "experts over dp_shard_mod_ep) while the rest of the model shards over the 1-D data-parallel mesh; "
+                   "every gradient still the mean over all data-parallel ranks",
+}
+
 API = {
     "mixed_strategy": "different strategies for different units of one model",
     "nested_units": "sub-modules sharded as their own units inside a sharded root",
@@ -126,7 +138,7 @@ def of_loop(recipe: Recipe) -> set[str]:
     """The capabilities a recipe's loop shape needs (spec.Recipe): accumulation, sync suppression,
     evaluation between steps, frozen parameters (per-parameter requires_grad: `orig_params`), unused
     parameters, requires_grad changed between steps, and the knobs: a token-weighted loss, parameters
-    kept unsharded between micro-batches, the last backward marked. Tied parameters need none: every trainer must train the model it is given."""
+    kept unsharded between micro-batches, the last backward marked, experts idle on some ranks. Tied parameters need none: every trainer must train the model it is given."""
     needed = set()
     if recipe.accumulation_steps > 1:
         needed.add("grad_accumulation")
@@ -146,6 +158,8 @@ def of_loop(recipe: Recipe) -> set[str]:
         needed.add("reshard_after_backward")
     if recipe.mark_last_backward:
         needed.add("is_last_backward")
+    if recipe.routed:
+        needed.add("idle_experts")
     return needed
 
 

@@ -26,7 +26,12 @@ class ShardSpec:
     `gradient_divide_factor` f (capability `gradient_divide_factor`; None: the number of
     data-parallel ranks): the reduced gradient is the sum over every data-parallel rank, replicate
     and shard dimensions of a 2-D mesh together, divided by f (FSDP2's `set_gradient_divide_factor`:
-    f = 1 reduces the sum)."""
+    f = 1 reduces the sum).
+    `unit_meshes` (capability `expert_mesh`): {unit path: a 2-D mesh} for units sharded over a mesh of
+    their own, as torchtitan shards a mixture of experts' experts (`fully_shard(experts,
+    mesh=...)` on its dp_shard_mod_ep dimension) while the dense layers shard over `mesh`: the unit
+    shards over the mesh's second dimension and replicates over its first; its gradient is still the
+    mean over every data-parallel rank."""
 
     strategy: str = Strategy.FULL_SHARD  # a Strategy, or its name: FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | ...
     units: tuple[Any, ...] = ()  # module classes and paths
@@ -37,6 +42,7 @@ class ShardSpec:
     mesh: Any = None  # a DeviceMesh
     tensor_parallel: dict[str, str] = field(default_factory=dict)  # {nn.Linear path: "colwise" | "rowwise"}
     gradient_divide_factor: float | None = None
+    unit_meshes: dict[str, Any] = field(default_factory=dict)  # {unit path: 2-D (replicate, shard) mesh}
 
     def __post_init__(self) -> None:
         for strategy in (self.strategy, *self.unit_strategies.values()):
@@ -67,7 +73,8 @@ class ShardSpec:
     def is_unit(self, path: str, module: nn.Module) -> bool:
         """Whether the sub-module at `path` is sharded as a unit of its own (the root is not)."""
         return bool(path) and (any(isinstance(u, type) and isinstance(module, u) for u in self.units) or
-                               path in self.units or path in self.unit_strategies or path in self.unit_mixed_precision)
+                               path in self.units or path in self.unit_strategies or path in self.unit_mixed_precision or
+                               path in self.unit_meshes)
 
     def unit_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
         """The (path, module) pairs that become units, deepest first, root excluded."""
@@ -189,7 +196,14 @@ class Recipe:
       later micro-batches gather nothing; the last one reshards (capability `reshard_after_backward`).
     * `mark_last_backward`: the trainer tells the engine which backward is a step's last (FSDP2's
       `set_is_last_backward(j == k)`): the engine finalizes its backward state then only, and
-      still reduces every backward whose gradient sync is on (capability `is_last_backward`)."""
+      still reduces every backward whose gradient sync is on (capability `is_last_backward`).
+    * `routed` (capability `idle_experts`): parameters a router feeds on some ranks only (a mixture
+      of experts' experts): in a step an expert may get tokens on some ranks and none on others, or
+      none on any. Its gradient is that of unsharded data-parallel training, as DDP with
+      `find_unused_parameters=True` computes it: the sum over the ranks that used it divided by the
+      world size W (a rank that routed no token to it contributes zero), on EVERY rank; None only in
+      a step where no rank used it, and then the optimizer skips it (torch's optimizers skip a None
+      gradient: AdamW neither decays it nor advances its moments; a zero gradient would do both)."""
 
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
     optimizer: Optimizer = Optimizer()
@@ -205,6 +219,7 @@ class Recipe:
     tokens: Callable[[Any], Any] | None = None
     reshard_after_backward: bool = True
     mark_last_backward: bool = False
+    routed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.accumulation_steps < 1 or self.eval_every < 0:

@@ -19,7 +19,9 @@ averaged: ``g = sum_j sum_r grad(loss_rj / N)`` (knobs.OneBatchReference compute
 batch on one device; tests/conformance/test_knob_yardsticks.py holds them to each other). Buffers follow DDP's `broadcast_buffers` rule: before a forward, every buffer takes rank
 0's value when the forward before it was a training forward whose gradients were synced (and before
 the very first), so BatchNorm's running statistics, updated by each rank's own batch, are rank 0's
-whenever the model is evaluated. A parameter no rank gives a gradient (frozen, unused) keeps None. `evaluate` is the
+whenever the model is evaluated. A parameter no rank gives a gradient (frozen, unused) keeps None; one some
+ranks give none in a micro-batch (`recipe.routed`: experts) has zeros there, as DDP with
+find_unused_parameters has (`used_anywhere_`), so its gradient is the sum over the ranks that used it / W. `evaluate` is the
 loss in eval mode without gradients. Under mixed precision the step is that of FSDP's MixedPrecision,
 each module under the policy of the unit holding it (param_dtype p, reduce_dtype q, buffer_dtype b):
 forward and backward run on a copy of the float32 master parameters cast to p, buffers in b, each
@@ -93,6 +95,17 @@ def average_gradients_(grads, group=None, *, predivide: bool = False, factor: fl
     all_reduce_coalesced_(grads, group)
     for g in grads:
         g.div_(size / pre)
+
+
+def used_anywhere_(grads, params, dtypes, group=None) -> list:
+    """DDP's rule for a parameter some ranks give no gradient (find_unused_parameters: its reducer
+    all-reduces the map of locally used parameters): one all-reduce of the ranks' used flags; a
+    gradient None here but not on another rank becomes zeros (this rank's contribution to the sum),
+    and stays None only where no rank has one (Recipe.routed)."""
+    used = torch.tensor([g is not None for g in grads], dtype=torch.int32, device=params[0].device)
+    dist.all_reduce(used, group=group)
+    return [torch.zeros_like(p, dtype=d or p.dtype) if g is None and u else g
+            for g, p, d, u in zip(grads, params, dtypes, used.tolist())]
 
 
 def broadcast_buffers_(module: nn.Module, group=None) -> None:
@@ -206,6 +219,8 @@ class DataParallelReference:
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         grads = [None if low.grad is None else low.grad.to(r or low.grad.dtype)
                  for low, r in zip(self.compute.parameters(), self.reduce_dtypes)]
+        if self.recipe.routed:
+            grads = used_anywhere_(grads, list(self.compute.parameters()), self.reduce_dtypes, self.group)
         average_gradients_(grads, self.group, factor=1.0 if weighted else self.divide_factor)
         summed = getattr(self, "summed", None) or [None] * len(grads)
         self.summed = [s if g is None else g.to(d or p.dtype) if s is None else s + g.to(d or p.dtype)
