@@ -67,10 +67,6 @@ def _units(arch, how: str) -> tuple[str, ...]:
     return tuple(f"{u}.{C.WRAPPED}".rstrip(".") for u in arch.units) if how == "wrapper" else arch.units
 
 
-def _sent(traffic: dict) -> dict:
-    return {kind: row["sent"] for kind, row in sorted(traffic.items())}
-
-
 def _built(ctx, arch):
     with ctx.seeded(0):
         plain = arch.build().to(ctx.device)
@@ -95,28 +91,9 @@ def test_model_activation_checkpointing(ctx, impl, model_name, how):
     spec = ShardSpec(strategy="FULL_SHARD", units=arch.units, mesh=ctx.mesh())
     plain, model = _built(ctx, arch)
     unchecked = C.train_composed(ctx, impl, plain, model, spec, recipe, batches)
-    shapes = promises.Shapes.of(arch.build(), arch.units, ctx.world_size)
-    promised = promises.sent_formulas("FULL_SHARD", shapes.shard_bytes * ctx.world_size, ctx.world_size, 1)
-    for step, (got, want) in enumerate(zip(checkpointed, unchecked)):
-        ctx.record("traffic", {"step": step, "checkpointed": _sent(got), "plain": _sent(want), "promised": promised})
-        for kind in sorted(set(got) | set(want)):
-            allowed = max(_sent(want).get(kind, 0.0), promised.get(kind, 0.0))
-            assert _sent(got).get(kind, 0.0) <= allowed, (
-                f"step {step}: {model_name} with activation checkpointing ({how}) sends {_sent(got).get(kind, 0.0):.0f} B "
-                f"by {kind} on this rank ({got[kind]['calls']} calls), without it {_sent(want).get(kind, 0.0):.0f} B; "
-                f"FULL_SHARD promises {promised.get(kind, 0.0):.0f} B: recomputing forward gathered again")
-    assert "all_gather" in checkpointed[-1], "no all-gather counted in a sharded step: the counter saw nothing"
-    if ctx.is_threaded:  # bytes per rank need a process per rank
-        return
-    held = {}
-    for label, s, compose in (("checkpointed", checkpointed_spec, functools.partial(_checkpointed, arch, how)),
-                              ("plain", spec, lambda m: m)):
-        held[label] = footprint.measure(ctx, arch.build, lambda m, r, c=compose, s=s: impl.trainer(c(m), s, r),
-                                        recipe, batches)["forward"]
-    ctx.record("held_after_forward", held)
-    assert held["checkpointed"] < held["plain"], (
-        f"{model_name} with activation checkpointing ({how}): forward leaves {held['checkpointed']} B held on this "
-        f"rank, without it {held['plain']} B: checkpointing must save less for backward")
+    C.judge_checkpointed(ctx, how, "FULL_SHARD", (checkpointed, unchecked), arch.build, arch.units, {
+        "checkpointed": lambda m, r: impl.trainer(_checkpointed(arch, how, m), checkpointed_spec, r),
+        "plain": lambda m, r: impl.trainer(m, spec, r)}, recipe, batches, model=model_name)
 
 
 SHARDED_MODEL = "llama"
@@ -134,7 +111,7 @@ def _unsharded(ctx) -> dict:
 @distributed(world_size=[2, 4], timeout=240)
 @MISSING
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"])})
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])  # NO_SHARD, SHARD_OPTIMIZER: docs/models.md
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_model_sharding(ctx, impl, strategy):
     """llama per decoder layer: memory held, gathered and sent per rank against the strategy's
     promise (test_sharding.py's rows), bounds computed from llama's own shapes."""
@@ -142,7 +119,7 @@ def test_model_sharding(ctx, impl, strategy):
         pytest.skip("thread-mode ranks share one process: memory and traffic per rank are measured on a "
                     "process backend (gloo, nccl)")
     arch = zoo.ARCHS[SHARDED_MODEL]
-    n, r = ctx.world_size, 1
+    n, r = (1, ctx.world_size) if strategy == "NO_SHARD" else (ctx.world_size, 1)  # as test_sharding.py
     spec = ShardSpec(strategy=strategy, units=arch.units, mesh=ctx.mesh())
     measured = footprint.measure(ctx, arch.build, lambda model, recipe: impl.trainer(model, spec, recipe),
                                  SHARDING_RECIPE, zoo.token_batches(ctx, STEPS))
