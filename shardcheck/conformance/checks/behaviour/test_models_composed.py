@@ -12,16 +12,20 @@ under what the composition and sharding families judge on the suite's own small 
   gather a unit again); on a process backend, forward leaves fewer bytes held for backward than
   without it (test_composition.py's judgement, on real layers).
 * `test_model_sharding`: the family sharding's promises (measure/promises.py: bytes held, gathered
-  and sent per rank) on llama with real shapes: grouped-query projections (k_proj and v_proj half
-  the rows of q_proj) and a vocabulary-sized embedding and output projection in the root, a third
-  of the parameters, where the family's own model keeps 0.8% there. A root left whole on every rank
-  hides under the family's bookkeeping slack on that model, not on this one.
+  and sent per rank) on llama with real shapes, for FULL_SHARD, SHARD_GRAD_OP, NO_SHARD (judged as
+  test_sharding.py does: one shard, the world's ranks its replicas) and SHARD_OPTIMIZER: grouped-query
+  projections (k_proj and v_proj half the rows of q_proj) and a vocabulary-sized embedding and output
+  projection in the root, a third of the parameters, where the family's own model keeps 0.8% there. A
+  root left whole on every rank hides under the family's bookkeeping slack on that model, not on this one.
 
-NO_SHARD and SHARD_OPTIMIZER are not measured on llama yet: the reference itself, the yardstick, peaks
-above the promise there (docs/models.md). torch.compile per layer (test_composition.py::test_compile)
-is not run on the zoo: compiling llama's two layers (aot_eager) and two steps cost 6.9 s in one
-process unsharded on this 2-core machine, before any rank or hook; a sharded cell of 2 or 4 ranks
-sharing the cores would pass the family's ~20 s a cell.
+The reference (reference_impl) once peaked above NO_SHARD's and SHARD_OPTIMIZER's promise here (233.9
+KiB against 223.7): a group of one copied each unit's parameters for forward and held the copy until
+the unit's reduction, and the reduction held the unit's gradients three times (docs/models.md).
+
+torch.compile per layer (test_composition.py::test_compile) is not run on the zoo: compiling llama's
+two layers (aot_eager) and two steps cost 6.9 s in one process unsharded on this 2-core machine,
+before any rank or hook; a sharded cell of 2 or 4 ranks sharing the cores would pass the family's
+~20 s a cell.
 """
 
 from __future__ import annotations
