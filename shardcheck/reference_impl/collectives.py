@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from shardcheck.compat import all_gather_single, reduce_scatter_single
 
@@ -77,15 +78,21 @@ def pack_shards(shards: Sequence[torch.Tensor], slots: Sequence[Slot], dtype) ->
 
 
 def pack_full(fulls: Sequence[Optional[torch.Tensor]], slots: Sequence[Slot], ws: int, dtype, device) -> torch.Tensor:
-    """Lay full tensors out as the ``[ws * S]`` buffer (``None`` = zeros): reduce-scatter input."""
-    blocks = []
-    for t, slot in zip(fulls, slots):
-        if t is None:
-            blocks.append(torch.zeros(ws, slot.padded_numel, dtype=dtype, device=device))
+    """Lay full tensors out as the ``[ws * S]`` buffer (``None`` = zeros): reduce-scatter input.
+
+    One buffer, each gradient copied (cast) into its place: the gradients and the buffer are alive
+    at once, no third copy (a padded copy of each gradient concatenated would hold the unit's
+    gradients three times during the reduction)."""
+    flat = torch.zeros(ws, sum(s.padded_numel for s in slots), dtype=dtype, device=device)
+    for t, slot, block in zip(fulls, slots, flat.split([s.padded_numel for s in slots], dim=1)):
+        if t is None or slot.padded_numel == 0:
             continue
-        t = t.to(dtype).reshape(slot.rows, slot.row_numel)
-        blocks.append(F.pad(t, (0, 0, 0, ws * slot.chunk - slot.rows)).view(ws, slot.padded_numel))
-    return torch.cat(blocks, dim=1).view(-1) if blocks else torch.empty(0, dtype=dtype, device=device)
+        rows, into = t.reshape(slot.rows, slot.row_numel), block.view(ws, slot.chunk, slot.row_numel)
+        whole = slot.rows // slot.chunk  # ranks whose chunk is all rows; the next one holds the rest
+        into[:whole].copy_(rows[: whole * slot.chunk].view(whole, slot.chunk, slot.row_numel))
+        if whole < ws:
+            into[whole, : slot.rows - whole * slot.chunk].copy_(rows[whole * slot.chunk:])
+    return flat.view(-1)
 
 
 def unpack_full(flat: torch.Tensor, slots: Sequence[Slot], ws: int) -> list[torch.Tensor]:
@@ -144,6 +151,18 @@ def all_gather_flat_many(locals_: Sequence[torch.Tensor], group) -> list[torch.T
     return [block.reshape(-1) for block in blocks]
 
 
+def all_gather_full(shards: Sequence[torch.Tensor], slots: Sequence[Slot], dtype, device, group) -> list[torch.Tensor]:
+    """The full tensors of a unit's plain ``shards``, in ``dtype`` on ``device``: one all-gather of
+    the flat padded layout. In a group of one, shards already in ``dtype`` on ``device`` are the
+    full tensors, used as they are (viewed in their full shapes): a copy would hold the unit twice
+    from its forward to its backward (NO_SHARD keeps it gathered), with the same values."""
+    ws = group_size(group)
+    if ws == 1 and all(not is_traceable_wrapper_subclass(s) and s.dtype == dtype and s.device == device for s in shards):
+        return [s.view(slot.shape) for s, slot in zip(shards, slots)]
+    local = pack_shards([s.to(device) for s in shards], slots, dtype)
+    return unpack_full(all_gather_flat(local, group), slots, ws)
+
+
 def all_gather_flat(local: torch.Tensor, group) -> torch.Tensor:
     """``out[r * S:(r + 1) * S] = local_r`` for every rank ``r`` of ``group``."""
     ws = group_size(group)
@@ -191,7 +210,7 @@ def average_gradient(flat: torch.Tensor, shard_group, replicate_group, factor: O
     sws, rws = group_size(shard_group), group_size(replicate_group)
     pre, post = divide_factors(sws * rws, factor)
     if pre != 1:
-        flat = flat / pre
+        flat.div_(pre)  # in place: `flat` is the caller's fresh buffer (pack_full), not a gradient
     if sws > 1:
         out = torch.empty(flat.numel() // sws, dtype=flat.dtype, device=flat.device)
         reduce_scatter_single(out, flat, group=shard_group)

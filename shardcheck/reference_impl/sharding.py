@@ -9,7 +9,8 @@ parameters lives through one training step like this:
    That shard *is* the registered ``nn.Parameter``: the optimizer only ever sees shards.
 2. **gathered** (:func:`before_forward`): one all-gather per unit gives every rank
    ``full = cat_r(shard_r)`` of every parameter (collectives.py lays the unit out as one flat
-   padded buffer).  It runs inside :class:`AllGather`, so autograd sees ``full = AllGather(shards)``.
+   padded buffer; a group of one, NO_SHARD's, uses the shards themselves, no copy).  It runs
+   inside :class:`AllGather`, so autograd sees ``full = AllGather(shards)``.
 3. **used**: the full tensors replace the shards on the modules; the module's own forward runs unchanged.
 4. **freed** (:func:`after_forward`): the shards go back on the modules.  FULL_SHARD and
    HYBRID_SHARD drop the full tensors: whatever autograd saved of them for backward was packed
@@ -210,10 +211,9 @@ class Unit:
         plain = [i for i, p in enumerate(self.params) if not skip[i] and not has_extension(p.shard)]
         if plain:
             dtype = param_dtype or compute_dtype(self.mp, self.params[plain[0]].shard.dtype)
-            slots = [self.params[i].slot for i in plain]
-            local = C.pack_shards([self.params[i].shard.to(self.device) for i in plain], slots, dtype)
-            flat = C.all_gather_flat(local, self.shard_group)
-            for i, full in zip(plain, C.unpack_full(flat, slots, self.shard_size)):
+            gathered_ = C.all_gather_full([self.params[i].shard for i in plain], [self.params[i].slot for i in plain],
+                                          dtype, self.device, self.shard_group)
+            for i, full in zip(plain, gathered_):
                 fulls[i] = full
         hooked = [i for i, p in enumerate(self.params) if fulls[i] is None and not skip[i]]
         for i in hooked:

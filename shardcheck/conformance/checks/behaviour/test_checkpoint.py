@@ -10,7 +10,6 @@ bad-input cells (the largest file: a data file in any format).
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 
@@ -25,11 +24,10 @@ from shardcheck.conformance.checks.support.checkpoint import (
     largest_file,
     listing,
     train_across_checkpoint,
+    trained_and_exported,
     truncate,
 )
 from shardcheck.conformance.checks.support.compare import assert_close
-from shardcheck.conformance.checks.support.dp_reference import DataParallelReference
-from shardcheck.conformance.checks.support.parity import compare_steps
 from shardcheck.conformance.checks.support.workloads import WORKLOADS, UnevenMLP
 from shardcheck.conformance.protocol import Clip, LossScale, MixedPrecision, Optimizer, Recipe, ShardSpec
 from shardcheck.conformance.protocol.capabilities import of_strategy
@@ -87,18 +85,8 @@ def test_resume_loss_scaling(ctx, impl, tmp_path):
 def test_consolidated_export(ctx, impl):
     """After 2 steps, `full_state_dict()` loads into the plain unsharded model with strict=True, equals
     the unsharded run's state, and the plain model computes the same loss on a new batch."""
-    with ctx.seeded(0):
-        model = W.build().to(ctx.device)
-    spec = ShardSpec(units=W.units, mesh=ctx.mesh())
-    ref = DataParallelReference(copy.deepcopy(model), spec, ADAM, ctx.group)
-    trainer = impl.trainer(model, spec, ADAM)
     batches = W.batches(ctx, 3)
-    try:
-        compare_steps(ctx, trainer, ref, ADAM, batches[:2])
-        exported = trainer.full_state_dict()
-    finally:
-        if hasattr(trainer, "close"):
-            trainer.close()
+    exported, ref = trained_and_exported(ctx, impl, W.build, ShardSpec(units=W.units, mesh=ctx.mesh()), ADAM, batches[:2])
     plain = W.build().to(ctx.device)
     plain.load_state_dict(exported, strict=True)
     assert_close(ctx, dict(plain.state_dict()), dict(ref.master.state_dict()), "exported state dict")

@@ -33,7 +33,7 @@ import torch
 from shardcheck.conformance.checks.support import compositions as C
 from shardcheck.conformance.checks.support.dp_reference import DataParallelReference
 from shardcheck.conformance.checks.support.parity import compare_steps, train_in_parity
-from shardcheck.conformance.measure import footprint, promises
+from shardcheck.conformance.measure import promises
 from shardcheck.conformance.measure.memory import MemoryTracker
 from shardcheck.conformance.protocol import Clip, Optimizer, Recipe, ShardSpec
 from shardcheck.conformance.protocol.capabilities import of_strategy
@@ -44,11 +44,6 @@ RECIPE = Recipe(loss_fn=C.loss_fn, optimizer=Optimizer("adam", lr=1e-2))  # clip
 
 def _needs(*capabilities):
     return lambda params: {of_strategy(params["strategy"]), *capabilities}
-
-
-def _sent(traffic: dict) -> dict:
-    """{kind: bytes this rank sent} of one step's traffic table."""
-    return {kind: row["sent"] for kind, row in sorted(traffic.items())}
 
 
 @distributed(world_size=2)
@@ -70,27 +65,9 @@ def test_activation_checkpointing(ctx, impl, strategy, nesting, how):
     plain, model = C.built(ctx, C.LayerNet)
     spec = ShardSpec(strategy=strategy, units=units, mesh=ctx.mesh())
     unchecked = C.train_composed(ctx, impl, plain, model, spec, RECIPE, C.batches(ctx))
-    shapes = promises.Shapes.of(C.LayerNet(), units, ctx.world_size)
-    promised = promises.sent_formulas(strategy, shapes.shard_bytes * ctx.world_size, ctx.world_size, 1)
-    for step, (got, want) in enumerate(zip(checkpointed, unchecked)):
-        ctx.record("traffic", {"step": step, "checkpointed": _sent(got), "plain": _sent(want), "promised": promised})
-        for kind in sorted(set(got) | set(want)):
-            allowed = max(_sent(want).get(kind, 0.0), promised.get(kind, 0.0))
-            assert _sent(got).get(kind, 0.0) <= allowed, (
-                f"step {step}: with activation checkpointing ({how}) this rank sends {_sent(got).get(kind, 0.0):.0f} B "
-                f"by {kind} ({got[kind]['calls']} calls), without it {_sent(want).get(kind, 0.0):.0f} B; {strategy} "
-                f"promises {promised.get(kind, 0.0):.0f} B: recomputing forward gathered again")
-    assert "all_gather" in checkpointed[-1], "no all-gather counted in a sharded step: the counter saw nothing"
-    if ctx.is_threaded:  # bytes per rank need a process per rank
-        return
-    held = {}
-    for label, compose, spec in (("checkpointed", C.CHECKPOINTING[how], checkpointed_spec), ("plain", None, spec)):
-        held[label] = footprint.measure(ctx, C.LayerNet, lambda m, r, c=compose, s=spec: impl.trainer(c(m) if c else m, s, r),
-                                        RECIPE, C.batches(ctx))["forward"]
-    ctx.record("held_after_forward", held)
-    assert held["checkpointed"] < held["plain"], (
-        f"with activation checkpointing ({how}) forward leaves {held['checkpointed']} B held on this rank, without it "
-        f"{held['plain']} B: checkpointing must save less for backward")
+    C.judge_checkpointed(ctx, how, strategy, (checkpointed, unchecked), C.LayerNet, units, {
+        "checkpointed": lambda m, r: impl.trainer(C.CHECKPOINTING[how](m), checkpointed_spec, r),
+        "plain": lambda m, r: impl.trainer(m, spec, r)}, RECIPE, C.batches(ctx))
 
 
 def _values_follow_init(ctx, init: dict, meta_built) -> None:

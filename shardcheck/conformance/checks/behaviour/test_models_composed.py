@@ -12,16 +12,20 @@ under what the composition and sharding families judge on the suite's own small 
   gather a unit again); on a process backend, forward leaves fewer bytes held for backward than
   without it (test_composition.py's judgement, on real layers).
 * `test_model_sharding`: the family sharding's promises (measure/promises.py: bytes held, gathered
-  and sent per rank) on llama with real shapes: grouped-query projections (k_proj and v_proj half
-  the rows of q_proj) and a vocabulary-sized embedding and output projection in the root, a third
-  of the parameters, where the family's own model keeps 0.8% there. A root left whole on every rank
-  hides under the family's bookkeeping slack on that model, not on this one.
+  and sent per rank) on llama with real shapes, for FULL_SHARD, SHARD_GRAD_OP, NO_SHARD (judged as
+  test_sharding.py does: one shard, the world's ranks its replicas) and SHARD_OPTIMIZER: grouped-query
+  projections (k_proj and v_proj half the rows of q_proj) and a vocabulary-sized embedding and output
+  projection in the root, a third of the parameters, where the family's own model keeps 0.8% there. A
+  root left whole on every rank hides under the family's bookkeeping slack on that model, not on this one.
 
-NO_SHARD and SHARD_OPTIMIZER are not measured on llama yet: the reference itself, the yardstick, peaks
-above the promise there (docs/models.md). torch.compile per layer (test_composition.py::test_compile)
-is not run on the zoo: compiling llama's two layers (aot_eager) and two steps cost 6.9 s in one
-process unsharded on this 2-core machine, before any rank or hook; a sharded cell of 2 or 4 ranks
-sharing the cores would pass the family's ~20 s a cell.
+The reference (reference_impl) once peaked above NO_SHARD's and SHARD_OPTIMIZER's promise here (233.9
+KiB against 223.7): a group of one copied each unit's parameters for forward and held the copy until
+the unit's reduction, and the reduction held the unit's gradients three times (docs/models.md).
+
+torch.compile per layer (test_composition.py::test_compile) is not run on the zoo: compiling llama's
+two layers (aot_eager) and two steps cost 6.9 s in one process unsharded on this 2-core machine,
+before any rank or hook; a sharded cell of 2 or 4 ranks sharing the cores would pass the family's
+~20 s a cell.
 """
 
 from __future__ import annotations
@@ -67,10 +71,6 @@ def _units(arch, how: str) -> tuple[str, ...]:
     return tuple(f"{u}.{C.WRAPPED}".rstrip(".") for u in arch.units) if how == "wrapper" else arch.units
 
 
-def _sent(traffic: dict) -> dict:
-    return {kind: row["sent"] for kind, row in sorted(traffic.items())}
-
-
 def _built(ctx, arch):
     with ctx.seeded(0):
         plain = arch.build().to(ctx.device)
@@ -95,28 +95,9 @@ def test_model_activation_checkpointing(ctx, impl, model_name, how):
     spec = ShardSpec(strategy="FULL_SHARD", units=arch.units, mesh=ctx.mesh())
     plain, model = _built(ctx, arch)
     unchecked = C.train_composed(ctx, impl, plain, model, spec, recipe, batches)
-    shapes = promises.Shapes.of(arch.build(), arch.units, ctx.world_size)
-    promised = promises.sent_formulas("FULL_SHARD", shapes.shard_bytes * ctx.world_size, ctx.world_size, 1)
-    for step, (got, want) in enumerate(zip(checkpointed, unchecked)):
-        ctx.record("traffic", {"step": step, "checkpointed": _sent(got), "plain": _sent(want), "promised": promised})
-        for kind in sorted(set(got) | set(want)):
-            allowed = max(_sent(want).get(kind, 0.0), promised.get(kind, 0.0))
-            assert _sent(got).get(kind, 0.0) <= allowed, (
-                f"step {step}: {model_name} with activation checkpointing ({how}) sends {_sent(got).get(kind, 0.0):.0f} B "
-                f"by {kind} on this rank ({got[kind]['calls']} calls), without it {_sent(want).get(kind, 0.0):.0f} B; "
-                f"FULL_SHARD promises {promised.get(kind, 0.0):.0f} B: recomputing forward gathered again")
-    assert "all_gather" in checkpointed[-1], "no all-gather counted in a sharded step: the counter saw nothing"
-    if ctx.is_threaded:  # bytes per rank need a process per rank
-        return
-    held = {}
-    for label, s, compose in (("checkpointed", checkpointed_spec, functools.partial(_checkpointed, arch, how)),
-                              ("plain", spec, lambda m: m)):
-        held[label] = footprint.measure(ctx, arch.build, lambda m, r, c=compose, s=s: impl.trainer(c(m), s, r),
-                                        recipe, batches)["forward"]
-    ctx.record("held_after_forward", held)
-    assert held["checkpointed"] < held["plain"], (
-        f"{model_name} with activation checkpointing ({how}): forward leaves {held['checkpointed']} B held on this "
-        f"rank, without it {held['plain']} B: checkpointing must save less for backward")
+    C.judge_checkpointed(ctx, how, "FULL_SHARD", (checkpointed, unchecked), arch.build, arch.units, {
+        "checkpointed": lambda m, r: impl.trainer(_checkpointed(arch, how, m), checkpointed_spec, r),
+        "plain": lambda m, r: impl.trainer(m, spec, r)}, recipe, batches, model=model_name)
 
 
 SHARDED_MODEL = "llama"
@@ -134,7 +115,7 @@ def _unsharded(ctx) -> dict:
 @distributed(world_size=[2, 4], timeout=240)
 @MISSING
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"])})
-@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])  # NO_SHARD, SHARD_OPTIMIZER: docs/models.md
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_model_sharding(ctx, impl, strategy):
     """llama per decoder layer: memory held, gathered and sent per rank against the strategy's
     promise (test_sharding.py's rows), bounds computed from llama's own shapes."""
@@ -142,7 +123,7 @@ def test_model_sharding(ctx, impl, strategy):
         pytest.skip("thread-mode ranks share one process: memory and traffic per rank are measured on a "
                     "process backend (gloo, nccl)")
     arch = zoo.ARCHS[SHARDED_MODEL]
-    n, r = ctx.world_size, 1
+    n, r = (1, ctx.world_size) if strategy == "NO_SHARD" else (ctx.world_size, 1)  # as test_sharding.py
     spec = ShardSpec(strategy=strategy, units=arch.units, mesh=ctx.mesh())
     measured = footprint.measure(ctx, arch.build, lambda model, recipe: impl.trainer(model, spec, recipe),
                                  SHARDING_RECIPE, zoo.token_batches(ctx, STEPS))

@@ -17,13 +17,12 @@ exported for transformers, each judged against the model loaded the plain way an
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
 from shardcheck.conformance.checks.support import zoo
-from shardcheck.conformance.checks.support.checkpoint import train_across_checkpoint
+from shardcheck.conformance.checks.support.checkpoint import train_across_checkpoint, trained_and_exported
 from shardcheck.conformance.checks.support.compare import assert_close
 from shardcheck.conformance.checks.support.dp_reference import DataParallelReference
 from shardcheck.conformance.checks.support.parity import compare_steps
@@ -105,17 +104,9 @@ def test_export_from_pretrained(ctx, impl, model_name, tmp_path):
     mismatched key: the unsharded run's values (a tied weight one value) and its loss on a new batch."""
     arch, workload = zoo.ARCHS[model_name], zoo.WORKLOADS[model_name]
     recipe = _recipe(workload)
-    with ctx.seeded(0):
-        model = arch.build().to(ctx.device)
-    spec = ShardSpec(units=workload.units, mesh=ctx.mesh())
-    reference = DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group)
-    trainer = impl.trainer(model, spec, recipe)
     batches = workload.batches(ctx, 3)
-    try:
-        compare_steps(ctx, trainer, reference, recipe, batches[:2])
-        exported = trainer.full_state_dict()
-    finally:
-        _close(trainer)
+    exported, reference = trained_and_exported(ctx, impl, arch.build, ShardSpec(units=workload.units, mesh=ctx.mesh()),
+                                               recipe, batches[:2])
     # Buffers (BatchNorm's running statistics) are each rank's own, under DDP's rule too (rank 0's before
     # each forward, then this rank's batch): judged on rank 0, whose export save_pretrained writes.
     buffers = {n for n, _ in reference.master.named_buffers()}

@@ -137,6 +137,24 @@ def train_across_checkpoint(ctx, impl, workload, recipe: Recipe, path: Path, *, 
     return results
 
 
+def trained_and_exported(ctx, impl, build, spec: ShardSpec, recipe: Recipe, batches: list) -> tuple[dict, DataParallelReference]:
+    """`build()` (seed 0) trained on `batches` by the candidate and by unsharded data-parallel training,
+    compared after every step (parity.compare_steps), then the candidate's consolidated export
+    (`Trainer.full_state_dict`): (the export, the yardstick, whose `master` holds the unsharded run's
+    state). The family checkpoint's and the zoo's export checks (test_checkpoint.py,
+    test_models_loaded.py) judge the export against it."""
+    with ctx.seeded(0):
+        model = build().to(ctx.device)
+    reference = DataParallelReference(copy.deepcopy(model), spec, recipe, ctx.group)
+    trainer = impl.trainer(model, spec, recipe)
+    try:
+        compare_steps(ctx, trainer, reference, recipe, batches)
+        return trainer.full_state_dict(), reference
+    finally:
+        if hasattr(trainer, "close"):
+            trainer.close()
+
+
 def _refusal(run_phase) -> str | None:
     """`run_phase()`; the message of an Unsupported it raised (rank 0 is in every phase), else None."""
     try:

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from shardcheck.conformance.checks.support.dp_reference import DataParallelReference
 from shardcheck.conformance.checks.support.parity import compare_steps
+from shardcheck.conformance.measure import footprint, promises
 from shardcheck.conformance.measure.traffic import CollectiveCounter
 from shardcheck.conformance.measure.footprint import traffic_table
 
@@ -309,3 +310,43 @@ def built(ctx, build) -> tuple[nn.Module, nn.Module]:
     with ctx.seeded(0):
         plain = build().to(ctx.device)
     return plain, copy.deepcopy(plain)
+
+
+def sent_by_kind(traffic: dict) -> dict:
+    """{kind: bytes this rank sent} of one step's traffic table."""
+    return {kind: row["sent"] for kind, row in sorted(traffic.items())}
+
+
+def judge_checkpointed(ctx, how: str, strategy: str, traffic: tuple[list[dict], list[dict]], build, units,
+                       trainers: dict, recipe, batches: list, model: str = "") -> None:
+    """The family's verdict on activation checkpointing applied `how` to a `strategy` engine
+    (test_composition.py, test_models_composed.py). `traffic`: the candidate's collectives of each
+    step with checkpointing and without (train_composed); each step must send, by each collective
+    kind, no more than without checkpointing or the strategy's promise for `build()`'s shapes in
+    `units` (the larger: an engine whose recompute IS its reshard, as SimpleFSDP's, may send
+    FULL_SHARD's twice; recompute must not gather a unit again). Then, on a process backend, forward
+    must leave fewer bytes held for backward (footprint.measure) with `trainers["checkpointed"]`
+    than with `trainers["plain"]` (each `(model, recipe) -> Trainer`). `model` names the model in
+    the messages."""
+    checkpointed, unchecked = traffic
+    shapes = promises.Shapes.of(build(), units, ctx.world_size)
+    promised = promises.sent_formulas(strategy, shapes.shard_bytes * ctx.world_size, ctx.world_size, 1)
+    subject = f"{model}: " if model else ""
+    for step, (got, want) in enumerate(zip(checkpointed, unchecked)):
+        sent, unsent = sent_by_kind(got), sent_by_kind(want)
+        ctx.record("traffic", {"step": step, "checkpointed": sent, "plain": unsent, "promised": promised})
+        for kind in sorted(set(got) | set(want)):
+            allowed = max(unsent.get(kind, 0.0), promised.get(kind, 0.0))
+            assert sent.get(kind, 0.0) <= allowed, (
+                f"step {step}: {subject}with activation checkpointing ({how}) this rank sends {sent.get(kind, 0.0):.0f} B "
+                f"by {kind} ({got[kind]['calls']} calls), without it {unsent.get(kind, 0.0):.0f} B; {strategy} "
+                f"promises {promised.get(kind, 0.0):.0f} B: recomputing forward gathered again")
+    assert "all_gather" in checkpointed[-1], "no all-gather counted in a sharded step: the counter saw nothing"
+    if ctx.is_threaded:  # bytes per rank need a process per rank
+        return
+    held = {label: footprint.measure(ctx, build, trainers[label], recipe, batches)["forward"]
+            for label in ("checkpointed", "plain")}
+    ctx.record("held_after_forward", held)
+    assert held["checkpointed"] < held["plain"], (
+        f"{subject}with activation checkpointing ({how}) forward leaves {held['checkpointed']} B held on this rank, "
+        f"without it {held['plain']} B: checkpointing must save less for backward")
