@@ -184,3 +184,28 @@ def test_the_command_ends_with_the_trend_of_its_runs(tmp_path, capsys):
     assert "### Across releases" in out and "| F1 | known | passes | ≤ torch 2.9.1 | torch 2.10.0 |" in out
     command.print_trend(paths[:1])
     assert capsys.readouterr().out == ""  # one release: no trend
+
+
+def test_a_prefixed_run_writes_beside_the_first_and_the_matrix_joins_them_in_one_column(tmp_path, monkeypatch, capsys):
+    """--prefix: a second run of other cells on a release (the models family, which the default run
+    leaves out) writes <prefix><impl>.json beside the release's <impl>.json, and `shardcheck matrix`
+    reads the two as one implementation on one release: one column, no trend between them."""
+    _this_environment(monkeypatch)
+    out = tmp_path / "releases"
+    code = main(["releases", "torch==2.13.0", "-o", str(out), "--prefix", "zoo-", "--", "--world-sizes", "2",
+                 "-k", "test_non_root", "--family", "clip_grad"])
+    assert code == 0, capsys.readouterr()
+    release = out / "torch-2.13.0"
+    assert sorted(p.name for p in release.glob("*.json")) == ["zoo-reference.json"]
+    assert f"reference: exit 0; torch {torch.__version__}" in capsys.readouterr().out
+    zoo = json.loads((release / "zoo-reference.json").read_text())
+    first = on(zoo["target"]["torch"], [cell("reference", "test_first_run", "passed")], day=1)
+    first["implementations"][0]["version"] = zoo["implementations"][0]["version"]
+    write(release, "reference.json", first)
+    from shardcheck.conformance.report.reading import load
+
+    both = [load(release / "reference.json"), load(release / "zoo-reference.json")]
+    cells = matrix.merge(both)
+    assert {column for column, _ in cells} == {"reference"}
+    assert any("test_first_run" in cid for _, cid in cells) and any("test_non_root" in cid for _, cid in cells)
+    assert "Across releases" not in matrix.markdown(both)

@@ -7,7 +7,9 @@ each in its own virtualenv, never touching the environment shardcheck runs from.
 For every pinned release: a virtualenv under --envs (made once, then reused while its pins are the
 same), with that release, the torch of the running environment when the pin is not torch itself,
 and this shardcheck (editable from its source checkout, or the same version from the index); then
-`shardcheck run` there once per implementation, its report at ``OUT/<package>-<version>/<impl>.json``.
+`shardcheck run` there once per implementation, its report at ``OUT/<package>-<version>/<impl>.json``
+(``--prefix P``: ``P<impl>.json``, a second run of other cells beside the first, e.g. the models family:
+`shardcheck matrix` joins a release's reports of one implementation into one column).
 Arguments after ``--`` go to every `shardcheck run`. uv makes the virtualenvs when it is on PATH
 (one download cache for every release), pip otherwise (--installer).
 
@@ -53,6 +55,10 @@ def add_parser(subparsers) -> None:
                    help="where the virtualenvs live (default ~/.cache/shardcheck/envs)")
     p.add_argument("-o", "--output", default=DEFAULT_OUT, metavar="DIR",
                    help=f"reports go to DIR/<package>-<version>/<impl>.json (default {DEFAULT_OUT})")
+    p.add_argument("--prefix", default="", metavar="TEXT",
+                   help="reports go to DIR/<package>-<version>/<TEXT><impl>.json: a second run of other cells "
+                        "beside a release's first (e.g. --prefix zoo- -- --family models,training_loop); "
+                        "shardcheck matrix joins the two by implementation and release")
     p.add_argument("--split", type=splitting.k_of_n, metavar="K/N",
                    help="judge only the Kth of N shares of the releases (release i in share i %% N + 1), "
                         "one share per machine")
@@ -175,7 +181,7 @@ def main(args) -> int:
         print(f"shardcheck releases: {package}=={version}: environment ready in "
               f"{time.monotonic() - started:.0f} s ({env})", flush=True)
         for impl in impls:
-            out = Path(args.output) / f"{package}-{version}" / f"{impl}.json"
+            out = Path(args.output) / f"{package}-{version}" / f"{getattr(args, 'prefix', '')}{impl}.json"
             argv = [str(env / "bin" / "python"), "-m", "shardcheck.conformance.cli", "run", "--impl", impl,
                     "-o", str(out), *args.passthrough]
             out.unlink(missing_ok=True)  # a run that writes none must not be summed up by an earlier one
