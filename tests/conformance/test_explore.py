@@ -40,6 +40,26 @@ def test_config_json_round_trip(config):
     assert from_json(json.loads(json.dumps(to_json(config)))) == config
 
 
+def _builtin_only(value) -> bool:
+    if type(value) in (tuple, list):
+        return all(_builtin_only(v) for v in value)
+    if type(value) is dict:
+        return all(_builtin_only(k) and _builtin_only(v) for k, v in value.items())
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def test_config_json_is_builtin_types_only():
+    """A finding's config travels in the cell's user_properties through pytest-xdist (execnet
+    serializes builtin types only): a Strategy member, a str subclass, crashed a --workers run."""
+    from shardcheck.strategy import Strategy
+
+    config = Config(world_size=2, widths=(2, 2), bias=(False,), strategy=Strategy.NO_SHARD,
+                    units=((0, Strategy.FULL_SHARD),), max_norm=1.0, norm_type=math.inf)
+    out = to_json(config)
+    assert _builtin_only(out), out
+    assert out["strategy"] == "NO_SHARD" and from_json(out) == config
+
+
 @QUICK
 @given(strategies.configs(load("ddp").capabilities))
 def test_draws_stay_within_declared_capabilities(config):

@@ -21,9 +21,13 @@ def load():
 
 
 def release(engine) -> None:
-    """engine.destroy(), then what it leaves holding every ZeRO-3 engine alive (FINDINGS F14), and
-    torch.nn.functional.linear, which a ZeRO-3 engine replaces for the whole process (F31)."""
+    """engine.destroy(), then what it leaves holding every ZeRO-3 engine alive (FINDINGS F14),
+    torch.nn.functional.linear, which a ZeRO-3 engine replaces for the whole process (F31), and the
+    process-wide torch_autocast state an engine with `torch_autocast` enabled sets and never clears
+    (F76: every later engine of the process would reduce in its parameters' dtype, not in its own
+    communication_data_type)."""
     import torch.nn.functional
+    from deepspeed.runtime import torch_autocast
     from deepspeed.runtime.zero import parameter_offload
     from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
@@ -33,6 +37,8 @@ def release(engine) -> None:
     original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)  # saved before replacing
     if original is not None:
         torch.nn.functional.linear = original
+    torch_autocast.TORCH_AUTOCAST_INITIALIZED = False  # F76: module globals ("TODO: Avoid using global variables")
+    torch_autocast.TORCH_AUTOCAST_DTYPE = None
     parameter_offload.FWD_MODULE_STACK[:] = [m for m in parameter_offload.FWD_MODULE_STACK if m is not module]
     cached = PartitionedParameterCoordinator.__dict__["_PartitionedParameterCoordinator__params_to_release"]
     for cell in cached.__closure__ or ():

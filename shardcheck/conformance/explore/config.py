@@ -126,9 +126,23 @@ class Config:
         }
 
 
+def _plain(value):
+    """`value` with str subclasses (Strategy, a StrEnum) as plain str, recursively: the dict also
+    travels through pytest-xdist's execnet (a finding's summary in the cell's user_properties), which
+    serializes builtin types only ("can't serialize <enum 'Strategy'>" ended a --workers run)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
+
+
 def to_json(config: Config) -> dict:
-    """A JSON-ready dict (inf as "inf", tuples as lists); `from_json` inverts it exactly."""
-    out = asdict(config)
+    """A JSON-ready dict of builtin types only (inf as "inf", a strategy as its plain name);
+    `from_json` inverts it exactly."""
+    out = _plain(asdict(config))
     out["format"] = FORMAT
     if config.norm_type == math.inf:
         out["norm_type"] = "inf"
