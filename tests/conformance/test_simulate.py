@@ -144,3 +144,52 @@ def test_the_fake_world_issues_gathers_without_moving_bytes():
     kinds = counter.by_kind(describe=len)
     assert kinds["all_gather"]["count"] >= 1 and kinds["reduce_scatter"] == {"count": 1, "bytes": world * 16, "groups": [world]}
     assert any(c.kind == "all_gather" and c.volume == world * 16 and len(c.ranks) == world for c in counter.calls)
+
+
+def _fsdp2_step(world: int, mesh: str | None, meta_buffers: bool, reshard: bool = True):
+    """FSDP2 sharded by the layouts path's simulator on rank 0, then one step: through the simulator
+    (padded buffers on meta), or as FSDP2 runs by default (its buffers on the CPU). Returns the
+    collectives by kind, their expectation, and the CPU bytes the step held at its peak."""
+    from shardcheck.conformance.measure.memory import MemoryTracker
+    from shardcheck.conformance.measure.traffic import CollectiveCounter
+    from shardcheck.conformance.simulate.fake_group import fake_world
+
+    sim, shape = impls.TorchFSDP2Sim(), E.Mesh.parse(mesh, world)
+    with fake_world(0, world):
+        model = build("llama-tiny" if mesh else "tiny")
+        sim.shard(model, shape)
+        if not reshard:
+            model.set_reshard_after_forward(False)  # a different engine: each unit gathered once
+        with MemoryTracker(torch.device("cpu")) as memory:
+            if meta_buffers:
+                counter = sim.step(model)
+            else:
+                model.to_empty(device="cpu")
+                with CollectiveCounter() as counter:
+                    model(model.example_input("cpu")).float().sum().backward()
+        expected = sim.expected(E.units_of(build("llama-tiny" if mesh else "tiny"), shape.shard), shape, 0)
+        return counter.by_kind(E.describe_ranks), expected, memory.peak
+
+
+@pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
+@pytest.mark.parametrize("world, mesh", [(64, None), (8, "2x4")])
+def test_fsdp2_steps_with_its_padded_buffers_on_meta(world, mesh):
+    """The layouts path gathers FSDP2's units into meta storage (as the reference's simulator does):
+    FSDP2 issues the same collectives, calls, bytes and groups, as with its default buffers on the
+    CPU, while the CPU holds only the rank's shards and their gradients (no gathered unit, no padded
+    gradient); and an engine that gathers otherwise is still seen by the verdict."""
+    from shardcheck.conformance.simulate.processes import each_in_own_process
+
+    # in children, as simulate runs them: an autograd backward in pytest's process would leave the
+    # engine's threads behind, and later tests fork (torch 2.14 refuses autograd in such a child)
+    results = each_in_own_process(_fsdp2_step, [(world, mesh, True), (world, mesh, False), (world, mesh, True, False)], 2)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    (meta, expected, meta_peak), (cpu, _, cpu_peak), (once, _, _) = results
+    assert meta == cpu and verdicts.collectives_per_step(meta, expected, 0)["outcome"] == "passed"
+    shards = expected["reduce_scatter"]["bytes"] // (world // (2 if mesh else 1))  # the rank's padded shards
+    gathered = expected["all_gather"]["bytes"] // expected["all_gather"]["count"]  # a unit gathered, on average
+    assert meta_peak <= 2 * shards and cpu_peak >= meta_peak + gathered, (meta_peak, shards, cpu_peak, gathered)
+    assert once["all_gather"]["count"] < expected["all_gather"]["count"]
+    assert verdicts.collectives_per_step(once, expected, 0)["outcome"] == "failed"

@@ -83,10 +83,44 @@ class ReferenceSim:
         return E.step_collectives(units, mesh, rank, self.gathers_per_unit)
 
 
+def meta_buffer_comms():
+    """FSDP2's default all-gather and reduce-scatter (torch's own classes, through its public
+    ``set_custom_all_gather`` / ``set_custom_reduce_scatter``), with the buffers FSDP2 asks them for
+    allocated on meta at the sizes it asks: the all-gather's output (every rank's padded shard, from
+    which FSDP2 views the unsharded parameters) and the reduce-scatter's input (the padded unsharded
+    gradients). FSDP2's copy-in and copy-out then run their meta kernels; the collectives carry the
+    engine's own shapes to the dispatcher, where the fake world answers them and the counter sizes
+    them. ``foreach_reduce`` allocates the reduce-scatter's input, then its output (this rank's shard,
+    which becomes the sharded parameter's gradient): that output stays on the parameter's device."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class MetaGather(DefaultAllGather):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device="meta")
+
+    class MetaReduceInput(DefaultReduceScatter):
+        input_next = True
+
+        def allocate(self, size, *, dtype, device):
+            on, self.input_next = ("meta" if self.input_next else device), not self.input_next
+            return torch.empty(*size, dtype=dtype, device=on)
+
+        def __call__(self, *args, **kwargs):
+            output, input_ = kwargs.get("output_tensor"), kwargs.get("input_tensor")
+            if output is None or input_ is None or output.is_meta or not input_.is_meta:
+                raise RuntimeError("FSDP2's reduce-scatter did not allocate its input, then its output, "
+                                   "as simulate expects (torch.distributed.fsdp changed)")
+            return super().__call__(*args, **kwargs)
+
+    return MetaGather(), MetaReduceInput()
+
+
 class TorchFSDP2Sim:
     name = "torch-fsdp2"
-    coverage = ("sharding at init (meta); then to_empty(cpu) materialises only the local shards and "
-                "one forward + backward runs on the CPU (FSDP2 refuses meta parameters in training); "
+    coverage = ("sharding at init (meta); then to_empty(cpu) materialises only the local shards (FSDP2 "
+                "refuses meta parameters in training) and one forward + backward runs through FSDP2's own "
+                "all-gathers and reduce-scatters, their padded buffers on meta (gathered parameters, "
+                "activations and unsharded gradients too; each rank's gradient shard on the CPU); "
                 "FULL_SHARD (and HYBRID_SHARD) reshards every unit after forward, the root too, so each is "
                 "gathered twice")
 
@@ -110,9 +144,19 @@ class TorchFSDP2Sim:
         return out
 
     def step(self, model: nn.Module) -> CollectiveCounter:
+        """One forward + backward with every padded gathered and reduce-scattered buffer on meta
+        (``meta_buffer_comms``): FSDP2 still sizes, issues and copies into them, only no byte is
+        written (at 16,384 ranks a step would copy 35 GiB of padding, docs/sharding.md)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                gather, reduce = meta_buffer_comms()
+                module.set_custom_all_gather(gather)
+                module.set_custom_reduce_scatter(reduce)
         model.to_empty(device="cpu")
         with CollectiveCounter() as counter:
-            model(model.example_input("cpu")).float().sum().backward()
+            model(model.example_input("meta")).float().sum().backward()
         return counter
 
     def expected(self, units: list[list[dict]], mesh: E.Mesh, rank: int) -> dict:
