@@ -151,13 +151,16 @@ def all_gather_flat_many(locals_: Sequence[torch.Tensor], group) -> list[torch.T
     return [block.reshape(-1) for block in blocks]
 
 
-def all_gather_full(shards: Sequence[torch.Tensor], slots: Sequence[Slot], dtype, device, group) -> list[torch.Tensor]:
+def all_gather_full(shards: Sequence[torch.Tensor], slots: Sequence[Slot], dtype, device, group,
+                    alias: bool = True) -> list[torch.Tensor]:
     """The full tensors of a unit's plain ``shards``, in ``dtype`` on ``device``: one all-gather of
     the flat padded layout. In a group of one, shards already in ``dtype`` on ``device`` are the
     full tensors, used as they are (viewed in their full shapes): a copy would hold the unit twice
-    from its forward to its backward (NO_SHARD keeps it gathered), with the same values."""
+    from its forward to its backward (NO_SHARD keeps it gathered), with the same values. Not when
+    ``alias`` is False (shards offloaded to the host: the compute device is another device on a
+    GPU, the same CPU only here)."""
     ws = group_size(group)
-    if ws == 1 and all(not is_traceable_wrapper_subclass(s) and s.dtype == dtype and s.device == device for s in shards):
+    if alias and ws == 1 and all(not is_traceable_wrapper_subclass(s) and s.dtype == dtype and s.device == device for s in shards):
         return [s.view(slot.shape) for s, slot in zip(shards, slots)]
     local = pack_shards([s.to(device) for s in shards], slots, dtype)
     return unpack_full(all_gather_flat(local, group), slots, ws)

@@ -90,7 +90,7 @@ def shard(
     if len(plain_dtypes) > 1:
         raise ValueError(f"a unit's parameters must share one dtype, got {plain_dtypes}")
     unit = Unit(module, params, strategy, shard_group, replicate_group, dp_group, mesh, mixed_precision, device, gradient_divide_factor)
-    unit.originals = {id(orig): weakref.ref(orig) for orig in uses}
+    unit.originals, unit.offload = {id(orig): weakref.ref(orig) for orig in uses}, offload
     unit.restore_shards()
     for m in owned:
         cast_buffers(m, mixed_precision)
@@ -212,7 +212,7 @@ class Unit:
         if plain:
             dtype = param_dtype or compute_dtype(self.mp, self.params[plain[0]].shard.dtype)
             gathered_ = C.all_gather_full([self.params[i].shard for i in plain], [self.params[i].slot for i in plain],
-                                          dtype, self.device, self.shard_group)
+                                          dtype, self.device, self.shard_group, alias=not getattr(self, "offload", False))
             for i, full in zip(plain, gathered_):
                 fulls[i] = full
         hooked = [i for i, p in enumerate(self.params) if fulls[i] is None and not skip[i]]

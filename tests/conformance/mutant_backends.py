@@ -18,14 +18,23 @@ BACKEND = os.environ.get("SHARDCHECK_MUTANT_BACKEND", "threaded")
 PROCESS_BACKEND = "gloo"  # for the checks that judge less on threads
 
 
+def _bodies(path: Path) -> dict[str, str]:
+    """{function name: its text} of a module's top-level functions."""
+    return dict(re.findall(r"^def (\w+)\((.*?)(?=^\S)", path.read_text() + "\nend", re.MULTILINE | re.DOTALL))
+
+
 def threads_judge_less() -> set[str]:
-    """The check functions ("file.py::function") that branch on ``ctx.is_threaded``, in their body or
-    in a function of their module they call: on the threaded backend they leave a part of their
-    verdict out (a process per rank measures bytes), so a run of theirs uses gloo."""
+    """The check functions ("file.py::function") that branch on ``ctx.is_threaded``, in their body, in
+    a function of their module they call, or in a function of checks/support they call (a judgement
+    shared by two families): on the threaded backend they leave a part of their verdict out (a
+    process per rank measures bytes), so a run of theirs uses gloo."""
+    support = {name for f in (CHECKS / "support").rglob("*.py")
+               for name, body in _bodies(f).items() if "ctx.is_threaded" in body}
     out = set()
     for f in CHECKS.rglob("test_*.py"):
-        bodies = dict(re.findall(r"^def (\w+)\((.*?)(?=^\S)", f.read_text() + "\nend", re.MULTILINE | re.DOTALL))
-        branching = {name for name, body in bodies.items() if "ctx.is_threaded" in body}
+        bodies = _bodies(f)
+        branching = {name for name, body in bodies.items() if "ctx.is_threaded" in body
+                     or any(re.search(rf"\.{s}\(", body) for s in support)}
         while True:  # and the functions that call one of them
             more = {name for name, body in bodies.items()
                     if name not in branching and any(re.search(rf"\b{b}\(", body) for b in branching)}
