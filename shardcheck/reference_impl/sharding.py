@@ -212,7 +212,7 @@ class Unit:
         if plain:
             dtype = param_dtype or compute_dtype(self.mp, self.params[plain[0]].shard.dtype)
             gathered_ = C.all_gather_full([self.params[i].shard for i in plain], [self.params[i].slot for i in plain],
-                                          dtype, self.device, self.shard_group, alias=not getattr(self, "offload", False))
+                                          dtype, self.device, self.shard_group, alias=not self.offload)
             for i, full in zip(plain, gathered_):
                 fulls[i] = full
         hooked = [i for i, p in enumerate(self.params) if fulls[i] is None and not skip[i]]
