@@ -31,6 +31,11 @@ _RUN_LOCK = threading.Lock()  # one threaded world at a time per process
 def _threaded_pg():
     from torch.testing._internal.distributed import multi_threaded_pg  # the one import of torch.testing._internal
 
+    if not hasattr(multi_threaded_pg.ThreadLocalWorld, "comms"):
+        # torch 2.11's destroy_process_group finalizes `_world.comms`, which its threaded world
+        # lacks (later releases add it): every rank thread's teardown raised AttributeError
+        multi_threaded_pg.ThreadLocalWorld.comms = property(
+            lambda self: self._get_world().__dict__.setdefault("comms", []))
     return multi_threaded_pg
 
 

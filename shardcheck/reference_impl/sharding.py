@@ -64,9 +64,9 @@ def shard(
 ) -> nn.Module:
     """Make ``module`` a sharded unit (in place; returns it).  Shard sub-modules first, root last.
 
-    ``offload=True`` keeps shards and their gradients on the CPU and copies shards to the compute
-    device (``mesh.device_type``) for each all-gather.  ``gradient_divide_factor`` d: the gradients'
-    sum over every data-parallel rank is divided by d, not their number (collectives.average_gradient).
+    ``offload=True`` keeps shards and their gradients on the CPU (a unit whose shards were moved off it
+    refuses to gather) and copies shards to the compute device (``mesh.device_type``) for each all-gather.
+    ``gradient_divide_factor`` d: the gradients' sum over every data-parallel rank is divided by d.
     """
     if unit_of(module) is not None:
         raise ValueError("module is already sharded")
@@ -133,8 +133,7 @@ def unit_of(module: nn.Module) -> Optional[Unit]:
 
 
 def units(module: nn.Module, adopt: bool = True) -> list[Unit]:
-    """All units in ``module``'s tree, root first (module order).  Outside forward, ``adopt``
-    first re-reads the shards from the modules (see :meth:`Unit.adopt_module_params`)."""
+    """All units in ``module``'s tree, root first; ``adopt``: re-read the shards from the modules first."""
     found = [u for m in module.modules() if (u := unit_of(m)) is not None]
     for u in found if adopt else ():
         u.adopt_module_params()
@@ -142,8 +141,7 @@ def units(module: nn.Module, adopt: bool = True) -> list[Unit]:
 
 
 def local_shard(param: nn.Parameter) -> nn.Parameter:
-    """The tensor all-gathered from: the registered sharded parameter itself (monkey-patch ``fsdp_pre_all_gather`` /
-    ``fsdp_post_all_gather`` on it after ``to_empty()``, which may replace tensor contents)."""
+    """The registered shard, all-gathered from (patch its fsdp_pre/post_all_gather after ``to_empty()``)."""
     return param
 
 
@@ -231,6 +229,8 @@ class Unit:
         """All-gather the unit; through :class:`AllGather` when gradients must flow to the shards."""
         self.reshard()
         shards = [p.shard for p in self.params]
+        if self.offload and (moved := {str(s.device) for s in shards if not s.is_meta} - {"cpu"}):  # moved after shard()
+            raise RuntimeError(f"{self!r} offloads its parameters to the CPU, but they are on {', '.join(sorted(moved))}")
         if differentiable and any(s.requires_grad for s in shards):
             self.full = list(AllGather.apply(self, *shards))
         else:

@@ -224,7 +224,7 @@ def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
     # The seed's MixedPrecision(param=reduce=buffer=fp16). Both models have no buffers, so buffer_dtype
     # changes nothing; it is left None so that implementations without buffer_dtype (FSDP2) run too.
     assert not list(model.buffers())
-    spec = ShardSpec(strategy=strategy, units=unit_paths(model), offload=offload,
+    spec = ShardSpec(strategy=strategy, units=unit_paths(model), offload=offload, mesh=ctx.mesh(),
                      mixed_precision=MixedPrecision(mp_dtype, mp_dtype) if mp_dtype else None)
     model = impl.shard(model, spec)
     if init == "device_after":  # seed CUDA_AFTER: moved to the device after sharding

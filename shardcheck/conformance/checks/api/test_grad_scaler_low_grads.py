@@ -66,7 +66,11 @@ def test_low_precision_grads_through_the_scaler(ctx, impl, dtype, inf):
     low = copy.deepcopy(model).to(low_dtype)
     mp = MixedPrecision(param_dtype=low_dtype, reduce_dtype=low_dtype, keep_low_precision_grads=True)
     model = impl.shard(model, ShardSpec(strategy="FULL_SHARD", units=w.units, mesh=ctx.mesh(), mixed_precision=mp))
-    optim, ref_optim = torch.optim.SGD(model.parameters(), lr=LR), torch.optim.SGD(master.parameters(), lr=LR)
+    # foreach=False: the per-parameter loop steps float32 parameters with low-precision gradients (as
+    # FSDP's keep_low_precision_grads asks of "an optimizer that supports running in low precision");
+    # CUDA's default multi-tensor SGD refuses a gradient whose dtype is not its parameter's
+    optim = torch.optim.SGD(model.parameters(), lr=LR, foreach=False)
+    ref_optim = torch.optim.SGD(master.parameters(), lr=LR, foreach=False)
     scaler = impl.grad_scaler(device=ctx.device.type, process_group=ctx.group, init_scale=INIT_SCALE)
     assert scaler.is_enabled(), f"{type(scaler).__name__} is disabled on {ctx.device.type}"
     ref_scale, skipped = INIT_SCALE, 0
