@@ -25,7 +25,19 @@ OPTIONAL = {"deepspeed_": "deepspeed", "torchtitan_": "torchtitan", "torchao_": 
             "accelerate_": "accelerate", "lightning_": "lightning"}
 
 
+# A finding on CUDA only: its script needs one CUDA device (`_one_cuda_rank.py`); elsewhere it says so.
+CUDA_ONLY = "_cuda_"
+
+
+def _has_cuda() -> bool:
+    from shardcheck.harness import cuda  # NVML: asking torch would load the driver in this process
+
+    return cuda.device_count() > 0
+
+
 def _runnable(script: Path) -> bool:
+    if CUDA_ONLY in script.name and not _has_cuda():
+        return False
     return not any(script.name.startswith(prefix) and importlib.util.find_spec(module) is None
                    for prefix, module in OPTIONAL.items())
 
@@ -68,6 +80,17 @@ def test_every_repro_reproduces(script):
     proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)  # `python script`, started with torch imported
     last = proc.stdout.strip().splitlines()[-1:] or [""]
     assert proc.returncode == 0 and last[0].startswith("REPRODUCED: "), proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, id=s.stem) for s in SCRIPTS if CUDA_ONLY in s.name])
+def test_cuda_only_repros_say_in_one_line_that_they_need_a_device(script):
+    """On a machine without CUDA (CI) a CUDA-only script runs up to its device check and says why it
+    did not reproduce: exit 2 and one NOT RUN line, never a REPRODUCED it did not see."""
+    if _has_cuda():
+        pytest.skip("this machine has a CUDA device: test_every_repro_reproduces runs the script")
+    proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stdout.strip().splitlines() == [
+        "NOT RUN: this finding is on CUDA only; the script needs one CUDA device"], proc.stdout + proc.stderr[-1500:]
 
 
 @pytest.mark.parametrize("prefix,module", sorted(OPTIONAL.items()))
