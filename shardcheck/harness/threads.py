@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 
@@ -190,6 +191,31 @@ ALONE_S = 1.0  # how long a rank may wait in a collective whose missing ranks ha
 UNWIND_S = 2.0  # how long the rank threads of a finished test get to end (a hung one is left)
 
 
+def os_threads() -> set[int]:
+    """The ids of this process's OS threads now (Linux; elsewhere an empty set)."""
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def wait_for_os_exit(before: set[int], end: float) -> set[int]:
+    """Wait (until monotonic time `end`) for the OS threads started since `before` to be gone;
+    returns those still there.
+
+    `Thread.join` returns before the OS thread has ended: it then runs its thread-local and
+    pthread-key destructors, and so do the OpenMP workers a rank's MKL gemm started (they are
+    released as the rank thread exits). MKL's destructor (mm_cleanup_thread_cbk -> mm_free_all_banks)
+    holds a spinlock of MKL's memory book while it frees the thread's buffers; a pool forked in
+    that moment (the next gloo test) inherits the lock held, and its rank spins forever in its first
+    gemm (mkl_serv_allocate -> mm_account_ptr_by_tid). Seen in CI as a rank hung in `x @ x.T`."""
+    left = os_threads() - before
+    while left and time.monotonic() < end:
+        time.sleep(0.001)
+        left &= os_threads()
+    return left
+
+
 def _unmatched(threads, pending: set[int], alone_since: dict[int, float], mtpg) -> dict[int, RankResult]:
     """Ranks that have waited ALONE_S in a collective of the threaded group (one over every rank)
     whose missing ranks have all returned: its collectives wait for every rank, and none is left
@@ -246,6 +272,7 @@ def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
 
     threads = [threading.Thread(target=rank_thread, args=(r,), name=f"shardcheck-rank{r}",
                                 daemon=True) for r in range(world_size)]
+    os_before = os_threads()
     for t in threads:
         t.start()
 
@@ -276,4 +303,7 @@ def _run_in_world(task: Task, world_size: int, timeout: float, mtpg, world):
     end = time.monotonic() + UNWIND_S
     for t in threads:
         t.join(max(0.0, end - time.monotonic()))
+    # ... and the OS threads they and their OpenMP teams ran on must be gone: a process forked while
+    # one still runs its destructors can inherit a lock held (see wait_for_os_exit)
+    wait_for_os_exit(os_before, end)
     return [results[r] for r in range(world_size)], threads

@@ -132,6 +132,8 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     # One intra-op thread per rank: ranks already share the cores, and a forked child must never
     # enter an OpenMP parallel region whose thread pool the parent created (libgomp is not fork-safe:
     # the child deadlocks, seen as a rank stuck in layer_norm after thread-mode tests ran in the parent).
+    # A lock held at the fork by a thread of the parent is the other hazard: thread mode returns only
+    # once its rank threads and their OpenMP workers have ended (threads.wait_for_os_exit).
     torch.set_num_threads(1)
     device = device_for(backend, rank)
     settle_numerics(device)

@@ -126,7 +126,9 @@ def test_assert_equal_across_ranks_fails_on_every_rank(ctx):
 @distributed(world_size=1, backend=["threaded", "gloo"], timeout=60)
 def test_parallel_ops_in_a_pool_forked_after_thread_mode(ctx):
     # thread mode runs intra-op parallel (OpenMP) kernels in the pytest process; a pool forked
-    # afterwards must still run them (libgomp is not fork-safe)
+    # afterwards must still run them (libgomp is not fork-safe), and must not inherit a lock an ending
+    # rank thread held (MKL's memory book: a fork in that moment spins in the gemm; see
+    # test_thread_mode_returns_after_its_os_threads_ended)
     x = torch.randn(512, 4096)
     torch.nn.functional.layer_norm(x, (4096,)).sum().item()
     (x @ x.T).sum().item()

@@ -13,8 +13,11 @@ import sys
 import time
 
 import pytest
+import torch
 
 from child_sessions import child_session, outcome
+from shardcheck.harness import run as run_body
+from shardcheck.harness.threads import os_threads
 
 SLOW_START = """
 import time
@@ -287,6 +290,25 @@ def test_pool_forked_after_thread_mode_runs_parallel_kernels(tmp_path):
     for backend in ("threaded", "gloo"):
         rec = records[f"test_parallel_ops_in_a_pool_forked_after_thread_mode[ws1-{backend}]"]
         assert rec["outcome"] == "passed", rec["text"][-2000:]
+
+
+def gemm_body(ctx):
+    x = torch.randn(256, 2048)
+    (x @ x.T).sum().item()  # MKL's gemm: the rank thread's OpenMP team, MKL's per-thread buffers
+
+
+def test_thread_mode_returns_after_its_os_threads_ended():
+    """A pool forked right after thread mode (the test above) must not inherit a lock held by a
+    rank thread, or one of its OpenMP workers, that is still running its destructors (MKL's memory
+    book: the forked rank then spins in its first gemm). Thread mode returns once every OS thread
+    it started is gone; `Thread.join` alone returns before (this failed 5 runs in 5 without it)."""
+    if not os_threads():
+        pytest.skip("no /proc/self/task here: this process's OS threads cannot be listed")
+    for _ in range(5):
+        before = os_threads()
+        verdict = run_body(gemm_body, 2, backend="threaded")
+        assert verdict.outcome == "passed", verdict.message
+        assert os_threads() - before == set(), "OS threads of thread mode still running as it returned"
 
 
 def test_a_crashed_rank_comes_back_with_what_it_printed(pool_run):
