@@ -5,11 +5,14 @@ innocent test after it passes on clean ranks."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
+import torch
 
 from child_sessions import child_session, outcome
+from shardcheck.harness import run as run_body
 
 BODIES = "isolation_bodies.py"
 
@@ -164,3 +167,23 @@ def test_a_file_another_thread_holds_for_a_moment_is_not_a_leak(tmp_path):
     with open(path) as leaked:
         assert list(before.new_files().values()) == [str(path)]
         assert leaked.fileno() in before.new_files()
+
+
+def _barrier_body(ctx):
+    torch.distributed.barrier()
+
+
+def test_thread_mode_tears_down_on_a_threaded_world_without_comms(monkeypatch):
+    """torch 2.11's destroy_process_group finalizes `_world.comms`, which that release's threaded
+    world lacks: every rank thread's teardown raised AttributeError (the H200 run's 1,949 warnings).
+    The harness gives such a world the list; here the attribute is removed as in 2.11."""
+    from torch.testing._internal.distributed import multi_threaded_pg
+
+    if not hasattr(multi_threaded_pg.ThreadLocalWorld, "comms"):
+        pytest.skip("this torch's threaded world has no comms to remove")
+    monkeypatch.delattr(multi_threaded_pg.ThreadLocalWorld, "comms")
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    verdict = run_body(_barrier_body, 2, backend="threaded")
+    assert verdict.outcome == "passed", verdict.message
+    assert raised == [], raised
