@@ -2,7 +2,10 @@
 api families that build their own models (seeds' CUDAInitMode), run with the device guard
 (shardcheck/harness/device_guard.py), pass as they pass without it. On 58926ad, on an H200 with
 threaded ranks on cuda:0, 278 of these cells failed with "Expected all tensors to be on the same
-device" (../shared/gpu-evidence); here the guard names the same lines. The whole reference matrix
+device" (../shared/gpu-evidence); here the guard names the same lines. Under the guard the grad
+scaler's seed cells of a model built on the host (device_never, device_after) run too: on an H200 at
+ac96bb0 they failed, 36 cells, because two specs named no mesh (the yardstick computed on the host); the
+guard fails the same 16 world-size-2 cells here (reports/gpu/README.md). The whole reference matrix
 under the guard: `SHARDCHECK_DEVICE_GUARD=1 shardcheck run` (523 passed, docs/harness.md)."""
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from shardcheck.conformance.protocol import MixedPrecision, ShardSpec
+from shardcheck.harness import device_guard
 from shardcheck.conformance.checks.support.compare import assert_close
 from shardcheck.conformance.protocol.capabilities import of_strategy
 from shardcheck.conformance.checks.support.dp_reference import average_gradients_
@@ -207,11 +208,14 @@ def test_fsdp_ddp_parity_with_grad_scaler_ws4(ctx, impl, offload, strategy, mp, 
 
 
 def _parity_body(ctx, impl, offload, strategy, mp, model_kind, init):
-    on_accelerator = ctx.device.type != "cpu"
+    # Under the device guard (harness/device_guard.py) the CPU stands in for the accelerator: a model
+    # built on the host and sharded (device_never) must still compute on the rank's device. Moving an
+    # offloaded model to the device (device_after) is no move on the CPU: that cell needs an accelerator.
+    on_accelerator = ctx.device.type != "cpu" or (device_guard.active() and not (offload and init == "device_after"))
     if init != "device_before" and not on_accelerator:
         pytest.skip(f"{init}: where the model lives when sharded (seed CUDAInitMode) only differs from "
                     f"device_before with an accelerator; this run's device is the CPU")
-    build_device = ctx.device if init == "device_before" else torch.device("cpu")
+    build_device = ctx.device if init == "device_before" else None  # None: on the host, as the seed builds
     mp_dtype = torch.float16 if mp == "fp16" else None
     nonuniform = model_kind == "nonuniform"
     model_cls = NonUniformReqGradNWM if nonuniform else NestedWrappedModule
