@@ -127,6 +127,8 @@ def pytest_configure(config):
         "markers", "distributed(world_size=2, backend=None, timeout=None): run the test body on "
                    "world_size ranks (an int or a list: one item per size); the body takes `ctx`.")
     config.addinivalue_line("markers", "requires(*capabilities): capabilities the cell needs")
+    config.addinivalue_line("markers", "rank_preload(*modules): modules the test's ranks import, imported once "
+                                       "in the parent as `rank_preload` when the test is selected")
     asked = asked_for(config)
     if asked or _collects_the_package(config):
         use(config, asked=asked)

@@ -86,7 +86,16 @@ def _preload(config) -> None:
 def pytest_collection_finish(session):
     """What is loaded by now (torch, the plugins, the collected tests) stays for the session's life:
     frozen, the full collections that follow (pytest's own two as the session ends, each walking
-    everything torch made) stop walking it. Ranks do the same with what they inherit (worker.py)."""
+    everything torch made) stop walking it. Ranks do the same with what they inherit (worker.py).
+    The selected tests' `rank_preload(*modules)` marks join the ini option's modules (imported at
+    the first distributed test, before any rank forks)."""
+    preloaded = set(session.config.getini("rank_preload"))
+    for item in session.items:
+        for mark in item.iter_markers("rank_preload"):
+            for module in mark.args:
+                if module not in preloaded:
+                    session.config.addinivalue_line("rank_preload", module)
+                    preloaded.add(module)
     collector.freeze_the_long_lived()
 
 

@@ -366,3 +366,13 @@ def test_resolve_units_paths_exist_and_are_post_order():
             # post-order: no unit is followed by one of its descendants
             for i, p in enumerate(paths[:-1]):
                 assert all(not q.startswith(p + ".") for q in paths[i + 1 :])
+
+
+def test_the_zoo_preloads_the_modules_that_define_its_models():
+    """zoo.MODULES, imported once in a session's parent before its ranks fork (the `rank_preload`
+    mark on every zoo cell), are the modules of the zoo's model classes: a rank imports none again."""
+    transformers = pytest.importorskip("transformers")
+    from shardcheck.conformance.checks.support import zoo
+
+    assert {getattr(transformers, a.model_class).__module__ for a in zoo.ARCHS.values()} == set(zoo.MODULES)
+    assert [(m.name, m.args) for m in zoo.PRELOAD] == [("rank_preload", zoo.MODULES)]

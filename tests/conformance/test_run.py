@@ -376,10 +376,9 @@ def test_a_hanging_candidate_fails_its_cell_at_the_deadline_and_the_progress_nam
     cell then fails with every rank's stack, naming the option to raise."""
     (tmp_path / "hangs.py").write_text(HANGING_ADAPTER)
     cell = "test_train_parity[hangs:Hangs-ws2-FULL_SHARD-noclip-nested]"
-    proc = subprocess.run([*SHARDCHECK, "run", "--impl", "hangs:Hangs", "--family", "train_parity",
-                           "--world-sizes", "2", "-k", "FULL_SHARD and noclip and nested", "--rank-timeout", "4",
-                           "--workers", "0", "-o", "r.json"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    proc = warm_python.run([*SHARDCHECK[1:], "run", "--impl", "hangs:Hangs", "--family", "train_parity",
+                            "--world-sizes", "2", "-k", "FULL_SHARD and noclip and nested", "--rank-timeout", "4",
+                            "--workers", "0", "-o", "r.json"], cwd=tmp_path, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     waiting_lines = [line for line in proc.stdout.splitlines() if "waiting" in line]
     assert waiting_lines, proc.stdout

@@ -36,7 +36,8 @@ def pytest_generate_tests(metafunc):
     if "model_name" in metafunc.fixturenames:
         own = own_model.names(metafunc.config)  # given, the family judges them alone
         missing = pytest.mark.skipif(not zoo.available(), reason=zoo.MISSING)  # this machine's, not the engine's
-        metafunc.parametrize("model_name", own or [pytest.param(name, marks=missing) for name in sorted(zoo.ARCHS)])
+        metafunc.parametrize("model_name", own or [pytest.param(name, marks=[missing, *zoo.PRELOAD])
+                                                    for name in sorted(zoo.ARCHS)])
 
 
 @distributed(world_size=[2, 4])
@@ -58,6 +59,7 @@ def test_model_parity(ctx, impl, strategy, model_name):
 
 @distributed(world_size=2)
 @pytest.mark.skipif(not zoo.available(), reason=zoo.MISSING)
+@zoo.preloaded
 @pytest.mark.requires.with_args(lambda params: _needs(params) | {"mixed_precision_bf16"})
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_bf16_loaded_model(ctx, impl, strategy):

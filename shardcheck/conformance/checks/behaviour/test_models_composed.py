@@ -47,7 +47,7 @@ CLIP = Clip(1.0, 2.0)  # as test_models.py
 OPTIMIZER = Optimizer("adamw", lr=1e-3)
 MISSING = pytest.mark.skipif(not zoo.available(), reason=zoo.MISSING)
 # resnet's stages are no GradientCheckpointingLayer: transformers refuses activation_checkpointing_enable()
-CHECKPOINTED = [pytest.param(name, how, marks=MISSING) for name in sorted(zoo.ARCHS)
+CHECKPOINTED = [pytest.param(name, how, marks=[MISSING, *zoo.PRELOAD]) for name in sorted(zoo.ARCHS)
                 for how in ("transformers", "wrapper") if not (name == "resnet" and how == "transformers")]
 
 
@@ -114,6 +114,7 @@ def _unsharded(ctx) -> dict:
 
 @distributed(world_size=[2, 4], timeout=240)
 @MISSING
+@zoo.preloaded
 @pytest.mark.requires.with_args(lambda params: {of_strategy(params["strategy"])})
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "SHARD_OPTIMIZER"])
 def test_model_sharding(ctx, impl, strategy):

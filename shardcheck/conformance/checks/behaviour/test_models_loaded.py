@@ -34,7 +34,8 @@ STEPS = 3
 CLIP = Clip(1.0, 2.0)  # as test_models.py: clipping active on every architecture's first step
 OPTIMIZER = Optimizer("adamw", lr=1e-3)
 NEEDS = {"full_shard", of_norm(CLIP.norm_type)}
-ZOO = [pytest.param(name, marks=pytest.mark.skipif(not zoo.available(), reason=zoo.MISSING)) for name in sorted(zoo.ARCHS)]
+ZOO = [pytest.param(name, marks=[pytest.mark.skipif(not zoo.available(), reason=zoo.MISSING), *zoo.PRELOAD])
+       for name in sorted(zoo.ARCHS)]
 
 
 def _recipe(workload) -> Recipe:

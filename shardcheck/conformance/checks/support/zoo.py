@@ -24,6 +24,7 @@ import importlib.util
 import tempfile
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -39,6 +40,20 @@ _DECODER = {**_COMMON, "hidden_size": 32, "intermediate_size": 64, "num_hidden_l
 
 def available() -> bool:
     return importlib.util.find_spec("transformers") is not None
+
+
+# The modules that define the zoo's model classes (tests/conformance/test_models.py holds them to
+# ARCHS): each rank process imported them at its first zoo model, about 1.1 CPU-s a process; marked
+# on every zoo cell, the session's parent imports them once before its ranks fork (harness `rank_preload`).
+MODULES = tuple(f"transformers.models.{name}.modeling_{name}" for name in ("gpt2", "llama", "mixtral", "resnet"))
+PRELOAD = [pytest.mark.rank_preload(*MODULES)] if available() else []
+
+
+def preloaded(test):
+    """`test` marked with PRELOAD (a check that builds a zoo model without a zoo parameter)."""
+    for mark in PRELOAD:
+        test = mark(test)
+    return test
 
 
 @dataclass(frozen=True)
