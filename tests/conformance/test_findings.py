@@ -20,7 +20,7 @@ EXPECTATIONS = ROOT / "shardcheck" / "conformance" / "expectations"
 REPROS = EXPECTATIONS / "repros"
 FINDINGS = (EXPECTATIONS / "FINDINGS.md").read_text()
 SCRIPTS = sorted(p for p in REPROS.glob("*.py") if not p.name.startswith("_"))
-# An optional implementation's scripts need it installed; CI's DeepSpeed step runs them.
+# An optional implementation's scripts need it installed; the .ci/run step that installs it runs them here (-k).
 OPTIONAL = {"deepspeed_": "deepspeed", "torchtitan_": "torchtitan", "torchao_": "torchao", "megatron_fsdp_": "megatron_fsdp",
             "accelerate_": "accelerate", "lightning_": "lightning"}
 
