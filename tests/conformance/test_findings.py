@@ -5,6 +5,7 @@ per script, a few seconds each)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -29,6 +30,7 @@ OPTIONAL = {"deepspeed_": "deepspeed", "torchtitan_": "torchtitan", "torchao_": 
 CUDA_ONLY = "_cuda_"
 
 
+@functools.cache  # asked once per CUDA-only script at collection, and by its test
 def _has_cuda() -> bool:
     from shardcheck.harness import cuda  # NVML: asking torch would load the driver in this process
 
