@@ -170,6 +170,8 @@ mutant-buffers-not-broadcast          buffers not broadcast from rank 0 before f
   (BuffersNotBroadcast)
 mutant-compile-dropped                a layer's torch.compile silently dropped when it is sharded (eager fallback)        test_composition.py::test_compile
   (CompileDropped)
+mutant-compile-fragments-only         a compiled layer runs eagerly but for the weightless helpers it calls (F51's shape  test_models_composed.py::test_model_compile
+  (CompileFragmentsOnly)              on a real layer); exactly every cell (needs transformers)
 mutant-tp-norm-counts-replicas        TP-replicated gradients counted once per TP rank in the norm                        test_composition.py::test_tensor_parallel
   (TPNormPerRank)                     exactly the cells [*-norm2] (world size 4)
 mutant-tp-input-grad-not-reduced      a column-parallel input's gradient not all-reduced over the TP group                test_composition.py::test_tensor_parallel
@@ -237,6 +239,7 @@ from shardcheck.conformance.mutants.composition import (
     BufferLeftUninitialized,
     BuffersNotBroadcast,
     CompileDropped,
+    CompileFragmentsOnly,
     MetaInitUnties,
     TPInputGradNotReduced,
     TPNormPerRank,
@@ -379,6 +382,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     BufferLeftUninitialized,
     BuffersNotBroadcast,
     CompileDropped,
+    CompileFragmentsOnly,
     TPNormPerRank,
     TPInputGradNotReduced,
     CastDetachesOnDtypeChange,

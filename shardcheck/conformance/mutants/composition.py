@@ -148,6 +148,29 @@ class CompileDropped(MutantAdapter):
         before_shard(eager)
 
 
+class CompileFragmentsOnly(MutantAdapter):
+    """F51's shape on a real layer: the compiled layer's own frame falls back to eager, and so does
+    every module that holds weights (what dynamo refuses under FSDP1's flat parameters); dynamo still
+    compiles the weightless helpers the layer calls (norms, rotary embeddings, activations), so the
+    compiler IS handed graphs. Numbers unchanged."""
+
+    name = "mutant-compile-fragments-only"
+    bug = "a compiled layer runs eagerly but for the weightless helpers it calls (FSDP1's flat parameters, F51)"
+    checks = ("test_models_composed.py::test_model_compile",)
+    cells = ("test_model_compile[*]",)
+    needs_zoo = True
+
+    def patch(self) -> None:
+        def fragments(module):
+            for m in module.modules():
+                if m._compiled_call_impl is not None:
+                    m.forward = torch._dynamo.disable(m.forward, recursive=False)  # its callees still traced
+                elif any(True for _ in m.parameters(recurse=False)):
+                    m.forward = torch._dynamo.disable(m.forward)
+
+        before_shard(fragments)
+
+
 class TPNormPerRank(MutantAdapter):
     """Under tensor parallelism the norm adds every TP rank's copy of a replicated parameter's
     gradient (the embedding, the norms, a row-parallel bias): counted T times, the total norm too

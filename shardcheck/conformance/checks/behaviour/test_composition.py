@@ -155,8 +155,7 @@ def test_compile(ctx, impl, strategy):
     spec = ShardSpec(strategy=strategy, units=C.FLAT, mesh=ctx.mesh())
     with C.no_progress_monitor():
         C.train_composed(ctx, impl, plain, C.compiled(model, backend), spec, RECIPE, C.batches(ctx), counted=False)
-    ctx.record("compiled_graphs", backend.graphs)
-    assert backend.graphs > 0, "torch.compile was never handed a graph: the layers ran eagerly"
+    backend.verdict(ctx)
 
 
 @distributed(world_size=4)

@@ -98,15 +98,45 @@ CHECKPOINTING = {  # how users apply activation checkpointing to each layer, bef
 
 
 class CountingBackend:
-    """torch.compile's `aot_eager` backend, counting the graphs it was handed (a compiled cell whose
-    model never reached the compiler judged eager training)."""
+    """torch.compile's `aot_eager` backend, counting the graphs it was handed and, in them, the ops
+    that apply a layer's weights (`WEIGHTED`): a compiled cell whose model never reached the compiler
+    judged eager training, and so did one whose compiler got only the fragments around the layers'
+    projections (norms, rotary embeddings, activations: what dynamo still traces in helper functions
+    after it fell back to eager for the layer itself, as under FSDP1's flat parameters, F51). The ops
+    are counted in each graph and in the bodies of its higher-order ops: an autograd.Function that
+    applies the weight (DeepSpeed ZeRO-3's linear, `input.matmul(weight.t())`) is traced as one."""
+
+    WEIGHTED = frozenset({"linear", "addmm", "conv1d", "conv2d"})
 
     def __init__(self) -> None:
-        self.graphs = 0
+        self.graphs = self.weighted = 0
 
     def __call__(self, graph, example_inputs):
         self.graphs += 1
+        self.weighted += sum(self.applies_weight(n) for body in graph.modules()
+                             if isinstance(body, torch.fx.GraphModule) for n in body.graph.nodes)
         return torch._dynamo.lookup_backend("aot_eager")(graph, example_inputs)
+
+    @classmethod
+    def applies_weight(cls, node) -> bool:
+        """A node of `WEIGHTED`, or a product with a 2-D matrix (`x.matmul(weight.t())`, DeepSpeed ZeRO-3's
+        linear): attention's products are of 4-D activations."""
+        if node.op not in ("call_function", "call_method"):
+            return False
+        name = getattr(node.target, "__name__", node.target)
+        if name in cls.WEIGHTED:
+            return True
+        return name in ("matmul", "mm") and any(
+            getattr(arg.meta.get("example_value"), "ndim", None) == 2 for arg in node.args if isinstance(arg, torch.fx.Node))
+
+    def verdict(self, ctx, what: str = "the layers") -> None:
+        """Record the counts; fail when `what` ran eagerly."""
+        ctx.record("compiled_graphs", self.graphs)
+        ctx.record("compiled_weighted_ops", self.weighted)
+        assert self.graphs > 0, f"torch.compile was never handed a graph: {what} ran eagerly"
+        assert self.weighted > 0, (
+            f"torch.compile was handed {self.graphs} graph(s), none with a layer's weights ({', '.join(sorted(self.WEIGHTED))} or a product with a matrix): "
+            f"{what} ran eagerly around compiled fragments")
 
 
 @contextlib.contextmanager
