@@ -146,7 +146,8 @@ def _meta_init(ctx, impl, strategy):
 @pytest.mark.parametrize("strategy", ["FULL_SHARD"])  # a compile costs seconds: the strategy with most hooks
 def test_compile(ctx, impl, strategy):
     """Each layer compiled (torch.compile, backend aot_eager) before the engine shards the model:
-    every step equals eager unsharded training, and the compiler was handed graphs on every rank."""
+    every step equals eager unsharded training, and the compiler was handed graphs that apply the
+    layers' weights on every rank."""
     if ctx.is_threaded:
         pytest.skip("torch.compile's caches and guards are process-global: the rank threads would share them")
     torch._dynamo.reset()  # a graph compiled by an earlier cell in this rank process is not this cell's

@@ -26,8 +26,10 @@ the unit's reduction, and the reduction held the unit's gradients three times (d
   engine shards the model per layer, as FSDP recipes compile per transformer block
   (test_composition.py::test_compile on real layers: rotary embeddings and masks handed in as keyword
   arguments, GQA's repeated keys, GPT-2's Conv1D): two steps of AdamW equal eager unsharded training,
-  and the compiler was handed graphs on every rank. At world size 2 on llama and gpt2: a compile costs
-  seconds of CPU on every rank, and mixtral's routing adds graph breaks, not a new composition.
+  and on every rank the compiler was handed graphs that apply the layers' weights, not only the
+  weightless fragments dynamo still compiles around a layer it fell back on (F51 on real layers:
+  compositions.CountingBackend). At world size 2 on llama and gpt2: a compile costs seconds of CPU on
+  every rank, and mixtral's routing adds graph breaks, not a new composition.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ COMPILED = [pytest.param(name, marks=[MISSING, *zoo.PRELOAD]) for name in ("gpt2
 @pytest.mark.parametrize("model_name", COMPILED)
 def test_model_compile(ctx, impl, model_name):
     """FULL_SHARD per decoder layer, each layer compiled first: two steps equal eager unsharded
-    training, and the compiler was handed graphs on every rank."""
+    training, and the compiler was handed graphs that apply the layers' weights on every rank."""
     if ctx.is_threaded:
         pytest.skip("torch.compile's caches and guards are process-global: the rank threads would share them")
     torch._dynamo.reset()  # a graph compiled by an earlier cell in this rank process is not this cell's
