@@ -122,11 +122,10 @@ def test_model_compile(ctx, impl, model_name):
     plain, model = _built(ctx, arch)
     model.config.use_cache = False  # no KV cache object through the compiled layers (training never reads it)
     backend = C.CountingBackend()
-    for layer in model.get_submodule(arch.layers):
-        layer.compile(backend=backend)
     spec = ShardSpec(strategy="FULL_SHARD", units=arch.units, mesh=ctx.mesh())
     with C.no_progress_monitor():
-        C.train_composed(ctx, impl, plain, model, spec, recipe, workload.batches(ctx, STEPS), counted=False)
+        C.train_composed(ctx, impl, plain, C.compiled(model, backend, arch.layers), spec, recipe,
+                         workload.batches(ctx, STEPS), counted=False)
     backend.verdict(ctx, f"{model_name}'s layers")
 
 

@@ -156,10 +156,10 @@ def no_progress_monitor():
         tqdm.monitor_interval = interval
 
 
-def compiled(model: LayerNet, backend) -> LayerNet:
-    """Each layer compiled in place (`nn.Module.compile`), as FSDP users compile per transformer
-    block; the engine shards the model afterwards."""
-    for layer in model.layers:
+def compiled(model: nn.Module, backend, layers: str = "layers") -> nn.Module:
+    """Each layer of the list at `layers` compiled in place (`nn.Module.compile`), as FSDP users
+    compile per transformer block; the engine shards the model afterwards."""
+    for layer in model.get_submodule(layers):
         layer.compile(backend=backend)
     return model
 
