@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from shardcheck.compat import in_backward, innermost_saved_tensors_pack, set_grad
 from . import buffers, collectives as C, recompute, routed
+from .compiled import register_forward_hooks
 from .unsynced import gathered, hold, keep_or_reshard, merge_unsynced
 from .extensions import ExtensionGather, all_gather_with_extensions, has_extension
 from .mixed_precision import MixedPrecision, cast_buffers, cast_floating, compute_dtype, grad_dtype, reduce_dtype
@@ -97,8 +98,7 @@ def shard(
     for u in sub_units:
         u.is_root = False
     module.__dict__["_sharded_unit"] = unit
-    module.register_forward_pre_hook(before_forward, with_kwargs=True)
-    module.register_forward_hook(after_forward, always_call=True)
+    register_forward_hooks(module, before_forward, after_forward)
     return module
 
 
