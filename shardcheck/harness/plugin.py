@@ -5,7 +5,8 @@ uses shardcheck): turns `@distributed` tests into N-rank runs; its options are d
 - `pytest_runtest_setup` makes the test's plan (shardcheck/harness/plan.py), once: bad input is one error line,
   a backend or device count this machine lacks is a skip with the reason.
 - `pytest_pyfunc_call` ships the item's parameters to the ranks, runs the body there and turns the
-  ranks' verdict into the item's outcome; records from the ranks land in `item.user_properties`.
+  ranks' verdict into the item's outcome; records from the ranks land in `item.user_properties`, with
+  the collectives each rank issued (`COLLECTIVES_PROPERTY`).
 - `pytest_timeout_set_timer` (pytest-timeout's hook) hands a distributed test's limit to the harness:
   the body gets the whole limit, pool start-up is not counted (shardcheck/harness/deadline.py).
 - `pytest_runtest_teardown` and, after the last test, `pytest_runtestloop` report, against the test
@@ -31,6 +32,8 @@ from shardcheck.harness.verdict import Verdict, not_started
 from shardcheck.session_state import Harness, harness_of, of
 
 MARKER = "distributed"
+# a distributed item's user property: {rank: {group: {kind: calls}}}, the collectives each rank issued
+COLLECTIVES_PROPERTY = "collectives"
 PLAN = pytest.StashKey[Plan]()  # a distributed item's plan, made at setup
 
 
@@ -287,6 +290,9 @@ def pytest_pyfunc_call(pyfuncitem):
     if verdict.results:
         pyfuncitem.user_properties.append(
             ("rank_outcomes", {r.rank: r.outcome for r in verdict.results}))
+        issued = {r.rank: r.collectives["issued"] for r in verdict.results if r.collectives}
+        if issued:  # {rank: {group: {kind: calls}}}, as each rank's ledger counted them
+            pyfuncitem.user_properties.append((COLLECTIVES_PROPERTY, issued))
     if verdict.outcome == "failed":
         pytest.fail(verdict.message, pytrace=False)
     if verdict.outcome == "skipped":

@@ -1,0 +1,106 @@
+"""The collectives of recorded cells, replayed alone: the test module `floor_bench` runs.
+
+Each recorded cell (`SHARDCHECK_FLOOR_SPEC`: a JSON list of `{"nodeid", "world_size", "ranks"}`,
+`ranks` being the harness's `COLLECTIVES_PROPERTY` of the cell: {rank: {group: {kind: calls}}}) is
+one test here, on the same number of ranks. Each rank issues, group by group in one order every rank
+shares, the calls of each kind the cell's rank issued, on a 16-float tensor: the same process groups,
+kinds and counts, through the same harness, without a model or a check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shardcheck.compat import all_gather_single, reduce_scatter_single
+from shardcheck.harness import distributed
+
+SPEC_ENV = "SHARDCHECK_FLOOR_SPEC"
+NUMEL = 16
+_GROUPS: dict[tuple[int, ...], object] = {}  # this rank process's subgroups, by their ranks
+
+
+def _cells(world_size: int) -> list:
+    path = os.environ.get(SPEC_ENV)
+    cells = json.load(open(path)) if path else []
+    return [pytest.param(cell, id=cell["nodeid"].rsplit("::", 1)[-1])
+            for cell in cells if cell["world_size"] == world_size]
+
+
+def ranks_of(group_key: str) -> tuple[int, ...]:
+    """The global ranks in a ledger's group name, "<name> (ranks 0, 2)"."""
+    found = re.search(r"\(ranks ([\d, ]+)\)$", group_key)
+    if found is None:
+        raise ValueError(f"no ranks in the group name {group_key!r}")
+    return tuple(int(r) for r in found.group(1).split(","))
+
+
+def _group(ranks: tuple[int, ...]):
+    """The world group, or a subgroup made once in this rank process (every rank makes every
+    subgroup, in the same order: `dist.new_group` is collective over the world)."""
+    if len(ranks) == dist.get_world_size():
+        return dist.group.WORLD
+    if ranks not in _GROUPS:
+        _GROUPS[ranks] = dist.new_group(list(ranks))
+    return _GROUPS[ranks]
+
+
+def issue(kind: str, group) -> None:
+    """One collective of `kind` on `group`, 16 floats a rank (an all_reduce for a kind not listed)."""
+    size = dist.get_world_size(group)
+    t = torch.ones(NUMEL)
+    if kind in ("all_gather_single", "all_gather_into_tensor"):
+        gather = getattr(dist, kind, all_gather_single)  # the name the cell called, where this torch has it
+        gather(torch.empty(size * NUMEL), t, group=group)
+    elif kind in ("reduce_scatter_single", "reduce_scatter_tensor"):
+        scatter = getattr(dist, kind, reduce_scatter_single)
+        scatter(torch.empty(NUMEL), torch.ones(size * NUMEL), group=group)
+    elif kind == "all_gather":
+        dist.all_gather([torch.empty(NUMEL) for _ in range(size)], t, group=group)
+    elif kind == "broadcast":
+        dist.broadcast(t, src=dist.get_global_rank(group, 0), group=group)
+    elif kind == "all_gather_object":
+        dist.all_gather_object([None] * size, 0, group=group)
+    elif kind in ("barrier", "monitored_barrier"):
+        dist.barrier(group=group)
+    else:
+        dist.all_reduce(t, group=group)
+
+
+def replay(ctx, cell: dict) -> None:
+    every = sorted({ranks_of(key) for per_rank in cell["ranks"].values() for key in per_rank})
+    mine = {ranks_of(key): kinds for key, kinds in cell["ranks"].get(str(ctx.rank), {}).items()}
+    for ranks in every:  # every rank walks every group in one order
+        group = _group(ranks)
+        for kind, calls in sorted(mine.get(ranks, {}).items()):
+            for _ in range(calls):
+                issue(kind, group)
+
+
+@distributed(world_size=1)
+@pytest.mark.parametrize("cell", _cells(1))
+def test_replay_ws1(ctx, cell):
+    replay(ctx, cell)
+
+
+@distributed(world_size=2)
+@pytest.mark.parametrize("cell", _cells(2))
+def test_replay_ws2(ctx, cell):
+    replay(ctx, cell)
+
+
+@distributed(world_size=3)
+@pytest.mark.parametrize("cell", _cells(3))
+def test_replay_ws3(ctx, cell):
+    replay(ctx, cell)
+
+
+@distributed(world_size=4)
+@pytest.mark.parametrize("cell", _cells(4))
+def test_replay_ws4(ctx, cell):
+    replay(ctx, cell)
