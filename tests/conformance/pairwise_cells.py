@@ -20,9 +20,9 @@ from shardcheck.conformance.plugins.selection import required_capabilities
 SKIPPED_PARAMS = {"impl", "world_size", "shardcheck_backend"}  # constant within a selected run
 
 
-def _covers(item) -> set:
+def _covers(item, skipped: frozenset | set = SKIPPED_PARAMS) -> set:
     params = getattr(item, "callspec", None) and item.callspec.params or {}
-    values = sorted((k, repr(v)) for k, v in params.items() if k not in SKIPPED_PARAMS)
+    values = sorted((k, repr(v)) for k, v in params.items() if k not in skipped)
     return {()} | {(kv,) for kv in values} | set(itertools.combinations(values, 2))  # (): the cell itself
 
 
@@ -31,8 +31,9 @@ def _runs(item) -> bool:
     return impl is None or required_capabilities(item) <= set(impl.capabilities)
 
 
-def covering(items: list) -> list:
-    """The items kept, in collection order: greedily, the cell that covers most pairs not yet held."""
+def covering(items: list, skipped: frozenset | set = SKIPPED_PARAMS) -> list:
+    """The items kept, in collection order: greedily, the cell that covers most pairs not yet held
+    (of the parameters but `skipped`)."""
     groups: dict = {}
     for item in items:
         groups.setdefault((item.path, item.originalname), []).append(item)
@@ -40,11 +41,12 @@ def covering(items: list) -> list:
     for group in groups.values():
         runnable = [i for i in group if _runs(i)]
         kept |= {id(i) for i in group if i not in runnable}
-        todo = set().union(*(_covers(i) for i in runnable)) if runnable else set()
+        covers = {id(i): _covers(i, skipped) for i in runnable}
+        todo = set().union(*covers.values()) if runnable else set()
         while todo:
-            best = max(runnable, key=lambda i: len(_covers(i) & todo))
+            best = max(runnable, key=lambda i: len(covers[id(i)] & todo))
             kept.add(id(best))
-            todo -= _covers(best)
+            todo -= covers[id(best)]
     return [i for i in items if id(i) in kept]
 
 

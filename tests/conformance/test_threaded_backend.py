@@ -2,6 +2,8 @@
 process must not make a cell fail for a reason that is not the engine's bug, and what cannot run
 on threads is unsupported, with its reason."""
 
+import json
+import os
 from pathlib import Path
 
 import warm_python
@@ -54,3 +56,44 @@ def test_a_refusal_on_the_ranks_of_one_phase_is_every_ranks_outcome(tmp_path):
     (tmp_path / "refusing.py").write_text(REFUSES_TO_SAVE)
     [cell] = _cells(tmp_path, "refusing:RefusesToSave", "test_checkpoint_reshard.py", "FULL_SHARD and 2to4", cwd=tmp_path)
     assert cell["outcome"] == "unsupported" and "no checkpoints here" in str(cell), cell
+
+
+DUMP = '''
+import json, os
+def pytest_collection_finish(session):
+    with open(os.environ["CELLS_OUT"], "w") as f:
+        json.dump([[i.nodeid, {k: repr(v) for k, v in getattr(i, "callspec", None) and i.callspec.params.items() or ()}]
+                   for i in session.items], f)
+'''
+
+
+def _collected(tmp_path, env: dict) -> list:
+    (tmp_path / "dump_cells.py").write_text(DUMP)
+    out = tmp_path / f"cells-{len(env)}.json"
+    proc = warm_python.run(["-m", "pytest", "--collect-only", "-q", "-p", "dump_cells", "--shardcheck-backend",
+                            "gloo,threaded"], cwd=ROOT, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path), "CELLS_OUT": str(out), **env})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_the_test_command_runs_every_gloo_cell_and_every_pair_of_values_on_threads(tmp_path):
+    """tests/conftest.py: of the README test command's threaded cells, each check function keeps a set
+    that holds every pair of its parameters' values (world size included); every gloo cell stays."""
+    kept = _collected(tmp_path, {})
+    every = _collected(tmp_path, {"SHARDCHECK_THREADED_CELLS": "all"})
+
+    def pairs(cells, backend):
+        out = set()
+        for nodeid, params in cells:
+            if params.get("shardcheck_backend") != repr(backend) or "conformance/checks/" not in nodeid:
+                continue
+            values = sorted((k, v) for k, v in params.items() if k not in ("impl", "shardcheck_backend"))
+            fn = nodeid.split("[")[0]
+            out |= {(fn,)} | {(fn, kv) for kv in values} | {(fn, a, b) for a in values for b in values if a < b}
+        return out
+
+    assert {n for n, p in every if p.get("shardcheck_backend") != "'threaded'"} == \
+        {n for n, p in kept if p.get("shardcheck_backend") != "'threaded'"}
+    assert pairs(kept, "threaded") == pairs(every, "threaded")
+    assert len(kept) < len(every)
