@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ import torch.distributed as dist
 
 from shardcheck.compat import all_gather_single, reduce_scatter_single
 from shardcheck.harness import distributed
+from shardcheck.harness.ledger import ranks_of
 
 SPEC_ENV = "SHARDCHECK_FLOOR_SPEC"
 NUMEL = 16
@@ -33,14 +33,6 @@ def _spec() -> list:
 def _cells(world_size: int) -> list:
     return [pytest.param(cell, id=cell["nodeid"].rsplit("::", 1)[-1])
             for cell in _spec() if cell["world_size"] == world_size]
-
-
-def ranks_of(group_key: str) -> tuple[int, ...]:
-    """The global ranks in a ledger's group name, "<name> (ranks 0, 2)"."""
-    found = re.search(r"\(ranks ([\d, ]+)\)$", group_key)
-    if found is None:
-        raise ValueError(f"no ranks in the group name {group_key!r}")
-    return tuple(int(r) for r in found.group(1).split(","))
 
 
 def _group(ranks: tuple[int, ...]):

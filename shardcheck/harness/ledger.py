@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import re
 import threading
 import time
 import weakref
@@ -49,6 +50,7 @@ class CollectiveLedger:
         self._install()
 
     def _key(self, group) -> str:
+        """The group's name in counts and `issued`: "<group_name> (ranks 0, 2)" (`ranks_of` reads it back)."""
         if group not in self._ranks:
             ranks = ", ".join(map(str, dist.get_process_group_ranks(group)))
             self._ranks[group] = f"{group.group_name} (ranks {ranks})"
@@ -126,6 +128,14 @@ class CollectiveLedger:
                 out.setdefault(self._key(group), {})[kind] = out.get(self._key(group), {}).get(kind, 0) + n
         self.issued.clear()
         return out
+
+
+def ranks_of(group_key: str) -> tuple[int, ...]:
+    """The global ranks in a group's name as the ledger writes it, "<group_name> (ranks 0, 2)"."""
+    found = re.search(r"\(ranks ([\d, ]+)\)$", group_key)
+    if found is None:
+        raise ValueError(f"no ranks in the group name {group_key!r}")
+    return tuple(int(r) for r in found.group(1).split(","))
 
 
 def unmatched(collectives: dict[int, dict]) -> dict[int, str]:

@@ -5,6 +5,7 @@ import json
 
 from shardcheck.conformance import floor_replay
 from shardcheck.harness import run
+from shardcheck.harness.ledger import ranks_of
 
 CELL = '''
 import torch
@@ -26,7 +27,7 @@ def test_cell(ctx):
 
 def _by_ranks(issued: dict) -> dict:
     """{rank: {group ranks: {kind: calls}}}: group names differ between two sessions, ranks do not."""
-    return {int(rank): {floor_replay.ranks_of(group): kinds for group, kinds in groups.items()}
+    return {int(rank): {ranks_of(group): kinds for group, kinds in groups.items()}
             for rank, groups in issued.items()}
 
 
