@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
 
     threaded = [i for i in items if _threaded_check(i)]
     kept = {id(i) for i in covering(threaded, skipped={"impl", "shardcheck_backend"})}
-    dropped = [i for i in threaded if id(i) not in kept]
+    dropped = {id(i) for i in threaded} - kept
     if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = [i for i in items if not (_threaded_check(i) and id(i) not in kept)]
+        config.hook.pytest_deselected(items=[i for i in threaded if id(i) in dropped])
+        items[:] = [i for i in items if id(i) not in dropped]

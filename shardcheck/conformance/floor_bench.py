@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+from shardcheck.conformance.cli.run import MAX_AUTO_WORKERS
 from shardcheck.harness.plugin import COLLECTIVES_PROPERTY
 
 RECORD_ENV = "SHARDCHECK_FLOOR_RECORD"
@@ -94,7 +95,7 @@ def _backend(run_args: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4),
+    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, MAX_AUTO_WORKERS),
                         help="xdist workers for both runs (default: one per core, at most 4, as `shardcheck run`)")
     args, run_args = parser.parse_known_args(argv)
     result = measure(run_args, args.workers)
