@@ -7,8 +7,9 @@ dim 0: ``collectives.Slot``), and so holds only the optimizer state of those row
 
     step:  for every parameter p with a gradient, rank r's optimizer steps the view p[rows of r]
            with the gradient rows g[rows of r] (an element-wise update rule: the same numbers as
-           stepping p whole); then each rank's updated rows are broadcast from it into everyone's p,
-           in place: the parameters are whole and equal again, P (n-1)/n bytes sent per rank.
+           stepping p whole); then each rank's updated rows of every parameter are broadcast from it
+           into everyone's p, end to end (one broadcast per rank and dtype), then copied in place:
+           the parameters are whole and equal again, P (n-1)/n bytes sent per rank.
 
 The rows are views of the parameters themselves, so stepping them updates p in place and no second
 copy of the parameters exists. ``param_groups`` list the whole parameters (what torch's GradScaler
@@ -73,13 +74,16 @@ class ShardedOptimizer:
         self.inner.step()
         for i in stepped:
             self.views[i].grad = None
-        for i in stepped:  # every rank's updated rows, from their owner, in place into the parameters
-            slot = self.slots[i]
-            rows = self.params[i].detach().reshape(slot.rows, *slot.shape[1:])
-            for owner in range(self.ws):
+        for owner in range(self.ws):  # every rank's updated rows, from their owner, in place into the parameters
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for i in stepped:
+                slot = self.slots[i]
                 start, end = slot.local_rows(owner)
                 if end > start:
-                    dist.broadcast(rows[start:end], src=dist.get_global_rank(self.group, owner), group=self.group)
+                    rows = self.params[i].detach().reshape(slot.rows, *slot.shape[1:])
+                    by_dtype.setdefault(rows.dtype, []).append(rows[start:end])
+            for parts in by_dtype.values():
+                broadcast_into(parts, dist.get_global_rank(self.group, owner), self.group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -87,3 +91,15 @@ class ShardedOptimizer:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
+
+
+def broadcast_into(parts: list[torch.Tensor], src: int, group) -> None:
+    """`src`'s values of `parts` (views of one dtype) into every rank's, in place: one broadcast of
+    them end to end."""
+    if dist.get_rank() == src:
+        flat = torch.cat([p.reshape(-1) for p in parts])
+    else:
+        flat = torch.empty(sum(p.numel() for p in parts), dtype=parts[0].dtype, device=parts[0].device)
+    dist.broadcast(flat, src=src, group=group)
+    for part, values in zip(parts, flat.split([p.numel() for p in parts])):
+        part.copy_(values.view_as(part))

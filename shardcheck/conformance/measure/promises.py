@@ -64,7 +64,7 @@ The traffic formulas f per kind, in a ring (traffic.Collective.sent):
     SHARD_OPTIMIZER P (n-1)/n               0                  2 P (n-1)/n
 
 SHARD_OPTIMIZER all-reduces the gradients and then redistributes the parameters each rank updated:
-by all-gather (the reference, DeepSpeed) or by one broadcast from each rank of what it owns (torch's
+by all-gather (DeepSpeed) or by one broadcast from each rank of what it owns (the reference, torch's
 ZeroRedundancyOptimizer): its all_gather row counts both kinds.
 
 FULL_SHARD gathers each unit in forward and again in backward (the root may stay gathered: FSDP2
