@@ -29,7 +29,7 @@ def _rank(rank: int, world_size: int, store_path: str, placement: str, calls: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size)
     if placement == "one CPU each":  # as pool ranks are pinned, gloo's threads with them
-        pin_to_one_cpu(rank)
+        pin_to_one_cpu(rank, world_size)
     elif placement == "one CPU for all":
         pin_threads({min(os.sched_getaffinity(0))})
     tensor = torch.ones(10)

@@ -42,9 +42,9 @@ def die_with(owner_pid: int) -> None:
     threading.Thread(target=watchdog, name="shardcheck-watchdog", daemon=True).start()
 
 
-def pin_to_one_cpu(rank: int) -> None:
+def pin_to_one_cpu(rank: int, world_size: int) -> None:
     """Keep every thread of this rank (the Python thread, gloo's I/O loop and worker threads, and
-    those started later, which inherit the mask) on CPU ``allowed[rank % len(allowed)]``.
+    those started later, which inherit the mask) on one CPU of those allowed: `cpu_of`.
 
     A gloo collective is a chain of small messages, each waking the receiver's I/O thread and then
     the thread waiting in the collective; with more ranks than cores, free to float, those wake-ups
@@ -52,15 +52,25 @@ def pin_to_one_cpu(rank: int) -> None:
     train_parity families at world size 4 on more ranks than cores take about half the time
     (`python -m shardcheck.conformance.matrix_bench` measures the whole matrix). A world of 2 is left free:
     unpinned, its collectives are quicker and cost less CPU per rank
-    (`python -m shardcheck.harness.collective_bench`), and so do the gloo checks. The figures:
+    (`python -m shardcheck.harness.collective_bench`), and so do the gloo checks; both its ranks on
+    their xdist worker's one CPU cost the matrix the same CPU and 5 s more wall. The figures:
     docs/speed.md. Unpinned ranks also meet torch's races more often: F67 (gloo's functional all-gathers in
     flight together corrupting the heap) aborted FSDP2's TwoTensor cells 2 times in 43 unpinned runs,
     0 in 40 pinned, until the adapters stopped reading through that path. SHARDCHECK_PIN_RANKS=0 turns
     pinning off.
     """
     if hasattr(os, "sched_setaffinity"):  # Linux
-        allowed = sorted(os.sched_getaffinity(0))
-        pin_threads({allowed[rank % len(allowed)]})
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+        pin_threads({cpu_of(rank, world_size, int(worker) if worker.isdigit() else 0,
+                            sorted(os.sched_getaffinity(0)))})
+
+
+def cpu_of(rank: int, world_size: int, worker: int, allowed: list[int]) -> int:
+    """The CPU of `rank` in a world of `world_size` started by xdist worker number `worker`: the
+    workers' worlds side by side, ``allowed[(worker * world_size + rank) % len(allowed)]``, so that
+    concurrent worlds share a CPU only when their ranks outnumber the CPUs (four workers' worlds of 4 on
+    16 CPUs: one CPU each, not all sixteen ranks on the first four)."""
+    return allowed[(worker * world_size + rank) % len(allowed)]
 
 
 def pin_threads(cpus: set[int]) -> None:
@@ -145,7 +155,7 @@ def rank_main(rank: int, world_size: int, backend: str, store_path: str, conn, o
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=pg_timeout_s), **kwargs)
     if backend == "gloo" and world_size > 2 and os.environ.get("SHARDCHECK_PIN_RANKS", "1") != "0":
-        pin_to_one_cpu(rank)
+        pin_to_one_cpu(rank, world_size)
     # What every test finds, whatever the one before changed (shardcheck.harness.isolation)
     ledger = CollectiveLedger()  # its wrappers are part of the baseline
     settings, before = Settings.capture(), Baseline.take()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcheck.harness import devices, xdist_support
+from shardcheck.harness import devices, distributed, xdist_support
+from shardcheck.harness.worker import cpu_of
 
 LEASE_BODIES = '''
 import json, os, time
@@ -57,6 +58,28 @@ def _clean_env(**extra) -> dict:
            if not k.startswith(("SHARDCHECK_", "PYTEST_XDIST", "TORCHELASTIC", "CUDA_VISIBLE"))}
     env.update(extra)
     return env
+
+
+# --- ranks on the CPUs --------------------------------------------------------------------------
+
+def test_concurrent_worlds_sit_side_by_side_on_the_cpus():
+    """Each xdist worker's world takes the next CPUs: four workers' worlds of 4 on 16 CPUs one CPU each
+    (not all sixteen ranks on the first four); more ranks than CPUs alternate, as before."""
+    sixteen = list(range(16))
+    assert sorted(cpu_of(r, 4, w, sixteen) for w in range(4) for r in range(4)) == sixteen
+    assert [cpu_of(r, 4, w, [0, 1]) for w in range(2) for r in range(4)] == [0, 1] * 4
+    assert [cpu_of(r, 3, 1, [5, 7, 9, 11]) for r in range(3)] == [11, 5, 7]  # by position in the allowed set
+
+
+@distributed(world_size=3)
+def test_a_gloo_rank_of_a_world_of_3_is_pinned_where_cpu_of_says(ctx):
+    if ctx.backend != "gloo" or ctx.mode not in ("pool", "spawn"):
+        pytest.skip(f"{ctx.backend} {ctx.mode} ranks are not gloo processes started by the harness: nothing is pinned")
+    if os.environ.get("SHARDCHECK_PIN_RANKS") == "0" or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("pinning is off (SHARDCHECK_PIN_RANKS=0) or not Linux")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    allowed = sorted(os.sched_getaffinity(os.getppid()))  # the session's process, never pinned
+    assert os.sched_getaffinity(0) == {cpu_of(ctx.rank, 3, int(worker), allowed)}, (worker, allowed)
 
 
 # --- `-n gpus` -----------------------------------------------------------------------------------
