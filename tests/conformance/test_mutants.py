@@ -10,8 +10,8 @@ already imported: tests/warm_python.py)::
 and at least one cell must FAIL; the killing cell is printed (``-s`` shows it). ``-x`` stops at the
 first failed cell, so a killed mutant is cheap. ``test_reference_passes_mutant_subsets`` shows that
 the unmutated reference passes every cell that killed a mutant, so a kill is never an artifact of a
-check that fails anyway: by this session's own items where it runs those check functions whole,
-else in a run over exactly those cells. Every listed check function must kill its mutant
+check that fails anyway: by this session's own items where it runs those cells, else in a run over
+exactly those cells. Every listed check function must kill its mutant
 (without -x; ``shardcheck/conformance/mutants/per_check.py`` skips a function's remaining cells once one cell
 failed), and ``test_every_check_function_kills_a_mutant`` demands that every check function under
 shardcheck/conformance/checks is listed for some mutant (or is UNREACHABLE, with the reason).
@@ -311,49 +311,57 @@ def test_mutant_breaks_exactly_its_rows(mutant_runs, mutant):
         print(f"\n{mutant.name}: {line.partition(' - ')[0]} broke exactly {sorted(rows)}")
 
 
-def _judged_by_this_session(config, items) -> set[tuple[str, str, str]]:
-    """(check file, check function, backend) over every cell of which this session itself runs the
-    unmutated reference on that backend: whole files collected, no -k/-m, every world size (a superset
-    of any mutant run's cells). Not explore: its draws depend on the world sizes it is given."""
-    if (config.getoption("shardcheck_world_sizes") or config.option.keyword or config.option.markexpr
-            or any("::" in arg and "checks" in arg for arg in config.args)):
-        return set()
+def _judged_by_this_session(config, items) -> set[tuple[str, str]]:
+    """(cell, backend) of every cell of the unmutated reference this session itself runs, the cell
+    as a mutant run names it (a session on several backends puts the backend's id after the world
+    size; a mutant run, on one, does not). Cell by cell, not by check function: the README's test
+    command runs only some of a check's threaded cells (tests/conformance/pairwise_cells.py), and a
+    killing cell it does not run is run here. Not explore: its draws depend on the world sizes it is
+    given, so a cell of the same id need not be the same cell."""
     out = set()
     for item in items:
         params = item.callspec.params if hasattr(item, "callspec") else {}
         backend = params.get("shardcheck_backend", config.getoption("shardcheck_backend"))  # one backend: no param
         if (getattr(params.get("impl"), "name", None) == BASELINE
                 and "world_size" in params and CHECKS in item.path.parents):  # a distributed cell
-            out.add((item.path.name, item.originalname, backend))
+            cell = re.sub(rf"(-ws\d+)-{re.escape(backend)}(?=[-\]])", r"\1", item.nodeid, count=1)
+            out.add((f"{item.path.relative_to(ROOT)}::{cell.partition('::')[2]}", backend))
     return out
 
 
-def _check_of(cell: str) -> tuple[str, str]:
-    """("test_file.py", "test_function") of a cell's node id."""
-    path, _, rest = cell.partition("::")
-    return Path(path).name, rest.partition("[")[0]
+def test_a_cell_of_this_session_is_judged_under_the_id_a_mutant_run_gives_it():
+    """A session on two backends names its cells with the backend after the world size, a mutant
+    run on one backend without it; only the cells the session holds are judged by it."""
+    from types import SimpleNamespace
+
+    path = CHECKS / "behaviour" / "test_composition.py"
+    item = SimpleNamespace(path=path, nodeid=f"{path.relative_to(ROOT)}::test_buffers[reference-ws2-threaded-FULL_SHARD]",
+                           callspec=SimpleNamespace(params={"impl": SimpleNamespace(name=BASELINE), "world_size": 2,
+                                                            "shardcheck_backend": "threaded"}))
+    config = SimpleNamespace(getoption=lambda name: "gloo,threaded")
+    cell = f"{path.relative_to(ROOT)}::test_buffers[reference-ws2-FULL_SHARD]"
+    assert _judged_by_this_session(config, [item]) == {(cell, "threaded")}
+    assert (cell.replace("FULL", "NO"), "threaded") not in _judged_by_this_session(config, [item])
 
 
 def test_reference_passes_mutant_subsets(mutant_runs, request):
     """The unmutated reference passes every cell that killed a mutant, so a kill is never an
-    artifact of a check that fails anyway. Cells of check functions this session itself runs the
-    reference over, whole (the README's test command does), are judged by its own items; the
-    others run, exactly the killing cells, in a process of its own. (Last in this file: it needs
-    the mutant runs' results.)"""
+    artifact of a check that fails anyway. The cells this session itself runs on the reference (the
+    README's test command runs most) are judged by its own items; the others run, exactly those
+    cells, in a process of its own. (Last in this file: it needs the mutant runs' results.)"""
     judged = _judged_by_this_session(request.config, request.session.items)
-    live = [m for m in MUTANTS if RUN_SURVIVORS or not _is_survivor(m)]
-    here = [m for m in live if not all((*_check_of(c), backend_of(m.checks)) in judged for c in m.checks)]
-    print(f"\nthe reference over the cells that killed mutants: {len(live) - len(here)} mutants' check "
-          f"functions judged by this session's own items, {len(here)} mutants' killing cells run here")
-    if not here:
-        return
-    cells: dict[str, list[str]] = {}  # backend -> killing cells
-    for m in here:
+    live = [m for m in MUTANTS if (RUN_SURVIVORS or not _is_survivor(m)) and not _lacks_the_zoo(m)]
+    cells: dict[str, list[str]] = {}  # backend -> killing cells this session does not run
+    killing = 0
+    for m in live:
         backend = backend_of(m.checks)
-        cells.setdefault(backend, []).extend(
-            c for c in _killing_cells(m, mutant_runs.get(m.__name__, _mutant_command(m)).result())
-            if (*_check_of(c), backend) not in judged)
-    assert any(cells.values()), f"{', '.join(m.name for m in here)}: no killing cell to check the reference on"
+        killed_by = _killing_cells(m, mutant_runs.get(m.__name__, _mutant_command(m)).result())
+        assert killed_by, f"{m.name}: no killing cell to check the reference on"
+        killing += len(killed_by)
+        cells.setdefault(backend, []).extend(c for c in killed_by if (c, backend) not in judged)
+    here = sum(map(len, cells.values()))
+    print(f"\nthe reference over the {killing} cells that killed mutants: {killing - here} judged by this "
+          f"session's own items, {here} run here")
     for backend, chosen in cells.items():
         if not chosen:
             continue
