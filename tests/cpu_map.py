@@ -11,7 +11,7 @@ still slow the group down: repeat a figure measured at a load above the cores). 
 group's wall and CPU seconds and its share, then one JSON line.
 
     python tests/cpu_map.py                 # every group
-    python tests/cpu_map.py mutants checks-gloo
+    python tests/cpu_map.py mutants checks
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BOTH = ["--shardcheck-backend", "gloo,threaded"]
 GROUPS = {  # name -> pytest arguments; together, the README's test command
     "mutants": ["tests/conformance/test_mutants.py", *BOTH],
-    "checks-gloo": ["shardcheck/conformance/checks", "--shardcheck-backend", "gloo"],
-    "checks-threaded": ["shardcheck/conformance/checks", "--shardcheck-backend", "threaded"],
+    # both backends in one session with tests/conftest.py loaded (a test file under tests/ brings it), as
+    # the command runs them: its threaded cells are then pairwise
+    "checks": ["shardcheck/conformance/checks", "tests/conformance/test_threaded_backend.py", *BOTH],
     "harness": ["tests/harness", *BOTH],
     "reference_impl": ["tests/reference_impl", *BOTH],
-    "conformance-other": ["tests/conformance", "--ignore", "tests/conformance/test_mutants.py", *BOTH],
+    "conformance-other": ["tests/conformance", "--ignore", "tests/conformance/test_mutants.py",
+                          "--ignore", "tests/conformance/test_threaded_backend.py", *BOTH],
     "top-level": ["tests/test_repo.py", "tests/test_plugins_elsewhere.py", *BOTH],
 }
 
