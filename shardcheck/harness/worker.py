@@ -60,9 +60,14 @@ def pin_to_one_cpu(rank: int, world_size: int) -> None:
     pinning off.
     """
     if hasattr(os, "sched_setaffinity"):  # Linux
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-        pin_threads({cpu_of(rank, world_size, int(worker) if worker.isdigit() else 0,
-                            sorted(os.sched_getaffinity(0)))})
+        pin_threads({cpu_of(rank, world_size, xdist_worker(), sorted(os.sched_getaffinity(0)))})
+
+
+def xdist_worker() -> int:
+    """This process's pytest-xdist worker number (PYTEST_XDIST_WORKER "gwN", inherited by its ranks);
+    0 outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return int(worker) if worker.isdigit() else 0
 
 
 def cpu_of(rank: int, world_size: int, worker: int, allowed: list[int]) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardcheck.harness import devices, distributed, xdist_support
-from shardcheck.harness.worker import cpu_of
+from shardcheck.harness.worker import cpu_of, xdist_worker
 
 LEASE_BODIES = '''
 import json, os, time
@@ -77,9 +77,8 @@ def test_a_gloo_rank_of_a_world_of_3_is_pinned_where_cpu_of_says(ctx):
         pytest.skip(f"{ctx.backend} {ctx.mode} ranks are not gloo processes started by the harness: nothing is pinned")
     if os.environ.get("SHARDCHECK_PIN_RANKS") == "0" or not hasattr(os, "sched_getaffinity"):
         pytest.skip("pinning is off (SHARDCHECK_PIN_RANKS=0) or not Linux")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     allowed = sorted(os.sched_getaffinity(os.getppid()))  # the session's process, never pinned
-    assert os.sched_getaffinity(0) == {cpu_of(ctx.rank, 3, int(worker), allowed)}, (worker, allowed)
+    assert os.sched_getaffinity(0) == {cpu_of(ctx.rank, 3, xdist_worker(), allowed)}, (xdist_worker(), allowed)
 
 
 # --- `-n gpus` -----------------------------------------------------------------------------------
