@@ -74,14 +74,13 @@ class ShardedOptimizer:
         self.inner.step()
         for i in stepped:
             self.views[i].grad = None
+        rows = {i: self.params[i].detach().reshape(self.slots[i].rows, *self.slots[i].shape[1:]) for i in stepped}
         for owner in range(self.ws):  # every rank's updated rows, from their owner, in place into the parameters
             by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
             for i in stepped:
-                slot = self.slots[i]
-                start, end = slot.local_rows(owner)
+                start, end = self.slots[i].local_rows(owner)
                 if end > start:
-                    rows = self.params[i].detach().reshape(slot.rows, *slot.shape[1:])
-                    by_dtype.setdefault(rows.dtype, []).append(rows[start:end])
+                    by_dtype.setdefault(rows[i].dtype, []).append(rows[i][start:end])
             for parts in by_dtype.values():
                 broadcast_into(parts, dist.get_global_rank(self.group, owner), self.group)
 
@@ -96,10 +95,10 @@ class ShardedOptimizer:
 def broadcast_into(parts: list[torch.Tensor], src: int, group) -> None:
     """`src`'s values of `parts` (views of one dtype) into every rank's, in place: one broadcast of
     them end to end."""
-    if dist.get_rank() == src:
-        flat = torch.cat([p.reshape(-1) for p in parts])
-    else:
-        flat = torch.empty(sum(p.numel() for p in parts), dtype=parts[0].dtype, device=parts[0].device)
+    if dist.get_rank() == src:  # its parts already hold the values
+        dist.broadcast(torch.cat([p.reshape(-1) for p in parts]), src=src, group=group)
+        return
+    flat = torch.empty(sum(p.numel() for p in parts), dtype=parts[0].dtype, device=parts[0].device)
     dist.broadcast(flat, src=src, group=group)
     for part, values in zip(parts, flat.split([p.numel() for p in parts])):
         part.copy_(values.view_as(part))
