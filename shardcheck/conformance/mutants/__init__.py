@@ -103,6 +103,8 @@ mutant-ckpt-digest-unchecked          load checks file sizes, not digests; exact
   (CheckpointDigestUnchecked)
 mutant-ckpt-index-error-unnamed       a corrupt index raises the parser's error; exactly the cells [*-truncated_index]    test_checkpoint.py::test_bad_input
   (CheckpointIndexErrorUnnamed)
+mutant-ckpt-load-writes-cwd           load leaves a staging file in the working directory                                 test_checkpoint.py::test_bad_input
+  (CheckpointLoadWritesWorkingDir)
 mutant-ckpt-hybrid-replica-fresh      HYBRID_SHARD: optimizer state restored on the first replica only                   test_checkpoint.py::test_resume_hybrid
   (CheckpointHybridReplicaNotRestored)
 mutant-replicates-declares-full-shard replicates every parameter while declaring FULL_SHARD (SHARD_GRAD_OP, HYBRID_SHARD)  test_sharding.py::test_sharding
@@ -211,13 +213,8 @@ mutant-expert-mesh-unreplicated       experts sharded over their sub-mesh's shar
 
 from shardcheck.conformance.mutants.base import MutantAdapter, applied
 from shardcheck.conformance.mutants.checkpoint import (
-    CheckpointExportLocalShard,
-    CheckpointDigestUnchecked,
-    CheckpointHybridReplicaNotRestored,
-    CheckpointIndexErrorUnnamed,
-    CheckpointLoadUnchecked,
-    CheckpointOptimStateNotResharded,
-    CheckpointScalerNotRestored,
+    CheckpointDigestUnchecked, CheckpointExportLocalShard, CheckpointHybridReplicaNotRestored, CheckpointIndexErrorUnnamed,
+    CheckpointLoadUnchecked, CheckpointLoadWritesWorkingDir, CheckpointOptimStateNotResharded, CheckpointScalerNotRestored,
     CheckpointStepReset,
 )
 from shardcheck.conformance.mutants.clip import (
@@ -353,6 +350,7 @@ MUTANTS: tuple[type[MutantAdapter], ...] = (
     CheckpointLoadUnchecked,
     CheckpointDigestUnchecked,
     CheckpointIndexErrorUnnamed,
+    CheckpointLoadWritesWorkingDir,
     CheckpointHybridReplicaNotRestored,
     ReplicatesDeclaresFullShard,
     NoReshardAfterForward,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from shardcheck.conformance.mutants.base import MutantAdapter, replace
@@ -130,6 +132,28 @@ class CheckpointIndexErrorUnnamed(MutantAdapter):
         from shardcheck.reference_impl import checkpoint
 
         replace(checkpoint, "read_meta", lambda path: json.loads((path / checkpoint.META).read_text()))
+
+
+class CheckpointLoadWritesWorkingDir(MutantAdapter):
+    """Load stages what it reads at a relative path (a lock or staging file, as a loader that
+    downloads or unpacks first): the user's working directory collects one per rank."""
+
+    name = "mutant-ckpt-load-writes-cwd"
+    bug = "load leaves a staging file in the working directory"
+    checks = ("test_checkpoint.py::test_bad_input",)
+
+    def patch(self) -> None:
+        import torch.distributed as dist
+
+        from shardcheck.reference_impl import checkpoint
+
+        original = checkpoint.read_meta
+
+        def staged(path):
+            Path(f".load-stage-rank{dist.get_rank()}").write_text(str(path))
+            return original(path)
+
+        replace(checkpoint, "read_meta", staged)
 
 
 class CheckpointHybridReplicaNotRestored(MutantAdapter):

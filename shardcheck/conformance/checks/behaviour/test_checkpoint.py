@@ -11,7 +11,6 @@ bad-input cells (the largest file: a data file in any format).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ from shardcheck.conformance.checks.support.checkpoint import (
     train_across_checkpoint,
     trained_and_exported,
     truncate,
+    working_in,
 )
 from shardcheck.conformance.checks.support.compare import assert_close
 from shardcheck.conformance.checks.support.workloads import WORKLOADS, UnevenMLP
@@ -155,9 +155,9 @@ def test_bad_input(ctx, impl, damage, tmp_path):
     with ctx.seeded(1):
         fresh = build().to(ctx.device)
     trainer = impl.trainer(fresh, ShardSpec(units=W.units, mesh=ctx.mesh()), recipe)
-    outside = (listing(tmp_path), listing(os.getcwd()))
+    outside = listing(tmp_path) | {"cwd"}
     try:
-        with pytest.raises(CATCHABLE) as raised:
+        with working_in(ctx, tmp_path / "cwd") as cwd, pytest.raises(CATCHABLE) as raised:
             trainer.load(path)
     finally:
         if hasattr(trainer, "close"):
@@ -167,4 +167,5 @@ def test_bad_input(ctx, impl, damage, tmp_path):
     assert any(w in message for w in wanted), (
         f"load of a checkpoint ({damage}) raised {type(raised.value).__name__}: {message[:300]!r} ... "
         f"{(message.strip().splitlines() or [''])[-1][:200]!r}, which names none of {list(wanted)}")
-    assert (listing(tmp_path), listing(os.getcwd())) == outside, "load wrote outside the checkpoint's directory"
+    wrote = sorted(listing(tmp_path) ^ outside) + sorted(f"./{name}" for name in listing(cwd))
+    assert not wrote, f"load wrote outside the checkpoint's directory: {wrote}"

@@ -23,6 +23,7 @@ engines are built on that mesh as on any other, so the phase is an honest smalle
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -239,3 +240,25 @@ def truncate(file: Path) -> None:
 
 def listing(directory: Path) -> set[str]:
     return set(os.listdir(directory))
+
+
+@contextlib.contextmanager
+def working_in(ctx, directory: Path):
+    """The ranks' working directory is `directory` (made if missing) for the block: what an engine
+    writes at a relative path lands there, not among what others write in the caller's (the run's
+    own working directory is shared with every process the machine runs). Threaded ranks share one
+    process, whose directory rank 0 changes between barriers."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mine = not ctx.is_threaded or ctx.rank == 0
+    ctx.barrier()
+    previous = os.getcwd()
+    if mine:
+        os.chdir(directory)
+    ctx.barrier()
+    try:
+        yield directory
+    finally:
+        ctx.barrier()
+        if mine:
+            os.chdir(previous)
+        ctx.barrier()
