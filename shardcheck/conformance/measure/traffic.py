@@ -1,10 +1,12 @@
 """The collectives a rank issues, by kind, with their sizes, dtypes and groups.
 
-A ``TorchDispatchMode`` sees every c10d op (``torch.ops.c10d.*``: what ``dist.all_gather_into_tensor``
+`CollectiveCounter` hears every c10d op (``torch.ops.c10d.*``: what ``dist.all_gather_into_tensor``
 and friends dispatch to, on any backend) and every functional collective
 (``torch.ops._c10d_functional.*``: what DTensor and compiled code use), whatever Python API or
-engine issued them. A wrapper subclass (DTensor) dispatches first, so the collectives it issues
-inside come back through the mode as plain tensors.
+engine issued them, through those ops' own kernels (`collective_ops`: no other op is slowed). A
+wrapper subclass (DTensor) dispatches first, so the collectives it issues inside come as plain
+tensors. Where a dispatch mode is already active (simulate's silent fake world, a memory tracker),
+the counter is a ``TorchDispatchMode`` on top of it instead, and hears the same calls.
 
 The *volume* ``V`` of one call is its full buffer: the gathered output of an all-gather, the
 unreduced input of a reduce-scatter, the tensor of an all-reduce (the largest operand group). The
@@ -33,7 +35,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 from torch.utils._pytree import tree_leaves
 
-NAMESPACES = ("c10d", "_c10d_functional")
+from shardcheck.conformance.measure.collective_ops import NAMESPACES, dispatch_modes_active, listening
+
 KINDS = {  # op name prefix (overload stripped) -> kind; first match wins
     "allgather": "all_gather", "_allgather": "all_gather", "all_gather": "all_gather",
     "reduce_scatter": "reduce_scatter", "_reduce_scatter": "reduce_scatter",
@@ -112,6 +115,7 @@ class CollectiveCounter(TorchDispatchMode):
         self.calls: list[Collective] = []
         self._groups: dict = {}
         self._tap = None  # on the threaded backend: the tap on its group's methods, while active
+        self._listening = None  # else, with no dispatch mode below: the collective ops' kernels
 
     def __enter__(self):
         if dist.is_initialized() and dist.get_backend() == "threaded":
@@ -120,12 +124,19 @@ class CollectiveCounter(TorchDispatchMode):
             self._tap = tap_collectives(self._seen_on_threaded_group)
             self._tap.__enter__()
             return self
-        return super().__enter__()
+        if not dispatch_modes_active():  # heard by the collective ops' own kernels, no other op slowed
+            self._listening = listening(self._seen)
+            self._listening.__enter__()
+            return self
+        return super().__enter__()  # a mode above the others: one below may answer a collective itself
 
     def __exit__(self, *exc):
         if self._tap is not None:
             tap, self._tap = self._tap, None
             return tap.__exit__(*exc)
+        if self._listening is not None:
+            heard, self._listening = self._listening, None
+            return heard.__exit__(*exc)
         return super().__exit__(*exc)
 
     def _seen_on_threaded_group(self, method: str, args, backend) -> None:
@@ -133,17 +144,20 @@ class CollectiveCounter(TorchDispatchMode):
         self.calls.append(Collective(kind_of(method), method, size, _dtype(args, None),
                                      tuple(range(backend.size()))))
 
+    def _seen(self, func, args, out) -> None:
+        name = func._schema.name.split("::")[-1]
+        if name not in IGNORED:
+            size = max([_nbytes(a) for a in args] + [_nbytes(out)])
+            self.calls.append(Collective(kind_of(name), name, size, _dtype(args, out),
+                                         _ranks_of(func, args, self._groups)))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(is_traceable_wrapper_subclass_type(t) for t in types):
             return NotImplemented  # a wrapper subclass dispatches first; its collectives come back here
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func.namespace in NAMESPACES:
-            name = func._schema.name.split("::")[-1]
-            if name not in IGNORED:
-                size = max([_nbytes(a) for a in args] + [_nbytes(out)])
-                self.calls.append(Collective(kind_of(name), name, size, _dtype(args, out),
-                                             _ranks_of(func, args, self._groups)))
+            self._seen(func, args, out)
         return out
 
     def by_kind(self, describe=lambda ranks: ",".join(map(str, ranks))) -> dict[str, dict]:
