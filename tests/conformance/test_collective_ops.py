@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from shardcheck.conformance.measure.memory import MemoryTracker
 from shardcheck.conformance.measure.traffic import CollectiveCounter
 from shardcheck.harness import distributed
 
@@ -19,7 +20,7 @@ ON_THREADS = "the threaded group's collectives pass no dispatcher op (the counte
 
 
 class PassThrough(TorchDispatchMode):
-    """Some other dispatch mode (a memory tracker's place): the counter then goes as a mode."""
+    """A dispatch mode that does not say it runs every op (it could answer a collective itself)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
@@ -56,9 +57,12 @@ def test_the_op_kernels_hear_what_a_mode_on_top_of_the_stack_hears(ctx):
         assert by_kernels._listening is not None, "no dispatch mode was active: the kernels should listen"
         _workload(ctx)
     with PassThrough(), CollectiveCounter() as by_mode:
-        assert by_mode._listening is None
+        assert by_mode._listening is None, "a mode that may answer collectives is below: go as a mode on top"
         _workload(ctx)
-    assert _heard(by_kernels.calls) == _heard(by_mode.calls)
+    with MemoryTracker("cpu"), CollectiveCounter() as under_tracker:
+        assert under_tracker._listening is not None, "the memory tracker runs every op: listen below it"
+        _workload(ctx)
+    assert _heard(by_kernels.calls) == _heard(by_mode.calls) == _heard(under_tracker.calls)
     kinds = [c.op for c in by_kernels.calls]
     assert kinds.count("all_reduce") == 1, kinds  # the functional one, once, not its c10d call again
     assert [c.volume for c in by_kernels.calls if c.op == "allreduce_"][:3] == [24, 28, 36], kinds

@@ -21,8 +21,9 @@ What a listener hears is what a dispatch mode at the top of the stack heard:
   thread of the process: an autograd worker thread's reductions (CUDA) are this process's too.
 
 A dispatch mode that answers a collective without dispatching it further (simulate's
-``SilentCollectives``) hides it from this kernel: `dispatch_modes_active` tells a caller to go as a
-mode on top of such a stack instead (``traffic.CollectiveCounter`` does).
+``SilentCollectives``) hides it from this kernel: `modes_may_answer_collectives` tells a caller to go
+as a mode on top of such a stack instead (``traffic.CollectiveCounter`` does). A mode that runs every
+op it sees (the memory tracker) says so with a class attribute ``forwards_every_op = True``.
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ _INSIDE = threading.local()  # .depth > 0 while a collective's kernel runs on th
 _BELOW = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 
 
-def dispatch_modes_active() -> bool:
-    """A ``TorchDispatchMode`` is on this thread's stack (it sees each op before this module's kernel)."""
-    return torch._C._len_torch_dispatch_stack() > 0
+def modes_may_answer_collectives() -> bool:
+    """A ``TorchDispatchMode`` on this thread's stack (each sees an op before this module's kernel)
+    may answer a collective without running it: one that does not declare ``forwards_every_op``."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return any(not getattr(mode, "forwards_every_op", False) for mode in _get_current_dispatch_mode_stack())
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:

@@ -91,6 +91,8 @@ def _grad(t: torch.Tensor) -> torch.Tensor | None:
 class MemoryTracker(TorchDispatchMode):
     """Live and peak bytes of the storages created on `device` while active (see the module doc)."""
 
+    forwards_every_op = True  # runs each op it sees: a collective counter opened under it listens below it
+
     def __init__(self, device: torch.device) -> None:
         super().__init__()
         self.device_type = torch.device(device).type

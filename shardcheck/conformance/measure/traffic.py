@@ -5,8 +5,8 @@ and friends dispatch to, on any backend) and every functional collective
 (``torch.ops._c10d_functional.*``: what DTensor and compiled code use), whatever Python API or
 engine issued them, through those ops' own kernels (`collective_ops`: no other op is slowed). A
 wrapper subclass (DTensor) dispatches first, so the collectives it issues inside come as plain
-tensors. Where a dispatch mode is already active (simulate's silent fake world, a memory tracker),
-the counter is a ``TorchDispatchMode`` on top of it instead, and hears the same calls.
+tensors. Where a dispatch mode that may answer a collective itself is already active (simulate's
+silent fake world), the counter is a ``TorchDispatchMode`` on top of it instead, and hears the same calls.
 
 The *volume* ``V`` of one call is its full buffer: the gathered output of an all-gather, the
 unreduced input of a reduce-scatter, the tensor of an all-reduce (the largest operand group). The
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 from torch.utils._pytree import tree_leaves
 
-from shardcheck.conformance.measure.collective_ops import NAMESPACES, dispatch_modes_active, listening
+from shardcheck.conformance.measure.collective_ops import NAMESPACES, listening, modes_may_answer_collectives
 
 KINDS = {  # op name prefix (overload stripped) -> kind; first match wins
     "allgather": "all_gather", "_allgather": "all_gather", "all_gather": "all_gather",
@@ -124,7 +124,7 @@ class CollectiveCounter(TorchDispatchMode):
             self._tap = tap_collectives(self._seen_on_threaded_group)
             self._tap.__enter__()
             return self
-        if not dispatch_modes_active():  # heard by the collective ops' own kernels, no other op slowed
+        if not modes_may_answer_collectives():  # heard by the collective ops' own kernels, no other op slowed
             self._listening = listening(self._seen)
             self._listening.__enter__()
             return self
