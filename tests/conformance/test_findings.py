@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import re
 import tomllib
+import warnings
 from pathlib import Path
 
 import importlib.util
@@ -74,13 +75,40 @@ def test_findings_cite_existing_scripts_and_no_throwaway_path():
     assert without == [], without  # every finding cites its reproduction
 
 
-@pytest.mark.timeout(150)
+# glibc's own abort lines: a rank killed on a corrupted heap. Gloo collectives in flight together can
+# corrupt it (F67: two functional all-gathers, about once in 10,000 pairs); a CI rehearsal saw
+# megatron_fsdp_prefetches_every_unit's rank 0 abort so once in many runs (Megatron-FSDP keeps several
+# all-gathers in flight; the cause there is not isolated).
+HEAP_ABORTS = ("malloc(): ", "free(): ", "double free or corruption", "corrupted size vs. prev_size")
+
+
+def _heap_abort(output: str) -> str | None:
+    """The first line of `output` that is glibc aborting a process on a corrupted heap, or None."""
+    return next((line.strip() for line in output.splitlines() if line.strip().startswith(HEAP_ABORTS)), None)
+
+
+def test_only_a_heap_abort_earns_a_repro_its_second_run():
+    assert _heap_abort("rank 0: hung\nmalloc(): unaligned tcache chunk detected\n") == \
+        "malloc(): unaligned tcache chunk detected"
+    assert _heap_abort("NOT REPRODUCED: more than half the model gathered at once\nrank 1: raised RuntimeError") is None
+    assert _heap_abort("raised RuntimeError: the script printed malloc(): in a message") is None
+
+
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("script", [pytest.param(s, id=s.stem) for s in SCRIPTS if _runnable(s)])
 def test_every_repro_reproduces(script):
     """One item per script, so that pytest-xdist spreads them (several wait on deadlines). The scripts
-    of optional implementations that are not installed are left to test_optional_repros."""
+    of optional implementations that are not installed are left to test_optional_repros. A run in
+    which a rank died on glibc's heap check (see HEAP_ABORTS) decides nothing: the script runs once more,
+    which decides, and the first run's abort is a warning in the summary (a script that aborts
+    so twice fails)."""
     proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)  # `python script`, started with torch imported
     last = proc.stdout.strip().splitlines()[-1:] or [""]
+    reproduced = proc.returncode == 0 and last[0].startswith("REPRODUCED: ")
+    if not reproduced and (abort := _heap_abort(proc.stdout + proc.stderr)):
+        warnings.warn(f"{script.stem}: a rank aborted on a corrupted heap ({abort}); the second run decides")
+        proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)
+        last = proc.stdout.strip().splitlines()[-1:] or [""]
     assert proc.returncode == 0 and last[0].startswith("REPRODUCED: "), proc.stdout[-1500:] + proc.stderr[-1500:]
 
 
