@@ -102,14 +102,18 @@ def test_every_repro_reproduces(script):
     which a rank died on glibc's heap check (see HEAP_ABORTS) decides nothing: the script runs once more,
     which decides, and the first run's abort is a warning in the summary (a script that aborts
     so twice fails)."""
-    proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)  # `python script`, started with torch imported
-    last = proc.stdout.strip().splitlines()[-1:] or [""]
-    reproduced = proc.returncode == 0 and last[0].startswith("REPRODUCED: ")
+    proc, reproduced = _run_repro(script)
     if not reproduced and (abort := _heap_abort(proc.stdout + proc.stderr)):
         warnings.warn(f"{script.stem}: a rank aborted on a corrupted heap ({abort}); the second run decides")
-        proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)
-        last = proc.stdout.strip().splitlines()[-1:] or [""]
-    assert proc.returncode == 0 and last[0].startswith("REPRODUCED: "), proc.stdout[-1500:] + proc.stderr[-1500:]
+        proc, reproduced = _run_repro(script)
+    assert reproduced, proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+def _run_repro(script: Path):
+    """`python script`, started with torch imported, and whether it exited 0 ending with `REPRODUCED: ...`."""
+    proc = warm_python.run([str(script)], cwd=ROOT, timeout=120)
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    return proc, proc.returncode == 0 and last[0].startswith("REPRODUCED: ")
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, id=s.stem) for s in SCRIPTS if CUDA_ONLY in s.name])
